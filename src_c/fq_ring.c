@@ -1,0 +1,399 @@
+/* fq_ring: implementation of the protocol documented in fq_ring.h. */
+#define _GNU_SOURCE
+#include "fq_ring.h"
+
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define fq_cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define fq_cpu_relax() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define fq_cpu_relax() ((void)0)
+#endif
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t round_up(uint64_t x, uint64_t align) {
+    return (x + align - 1) / align * align;
+}
+
+static uint32_t next_pow2(uint32_t x) {
+    uint32_t p = 1;
+    while (p < x) p <<= 1;
+    return p;
+}
+
+uint64_t fq_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Sleeps while *word == expected, for at most timeout_ns (< 0: unbounded).
+ * Returns FQ_OK on a wake or a changed word, FQ_TIMEOUT, or FQ_EINTR. The
+ * futex is process-shared (no FUTEX_PRIVATE_FLAG): waiters live in several
+ * processes mapping the same memfd. */
+static int wait_word(_Atomic uint32_t *word, uint32_t expected,
+                     int64_t timeout_ns) {
+#ifdef __linux__
+    struct timespec ts, *tsp = NULL;
+    if (timeout_ns >= 0) {
+        ts.tv_sec = (time_t)(timeout_ns / 1000000000);
+        ts.tv_nsec = (long)(timeout_ns % 1000000000);
+        tsp = &ts;
+    }
+    long rc = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, tsp,
+                      NULL, 0);
+    if (rc == 0) return FQ_OK;
+    if (errno == EAGAIN) return FQ_OK; /* the word moved before we slept */
+    if (errno == ETIMEDOUT) return FQ_TIMEOUT;
+    if (errno == EINTR) return FQ_EINTR;
+    return FQ_ESYS;
+#else
+    /* Fallback for systems without futexes: a bounded nap. It is bounded by
+     * the caller's slice and only entered after the spin phase, so it costs
+     * latency, never correctness. */
+    struct timespec nap = {0, 200000};
+    if (timeout_ns >= 0 && timeout_ns < 200000) nap.tv_nsec = (long)timeout_ns;
+    if (atomic_load(word) != expected) return FQ_OK;
+    nanosleep(&nap, NULL);
+    return atomic_load(word) != expected ? FQ_OK : FQ_TIMEOUT;
+#endif
+}
+
+static void wake_word(_Atomic uint32_t *word, int count) {
+#ifdef __linux__
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, count, NULL, NULL, 0);
+#else
+    (void)word;
+    (void)count;
+#endif
+}
+
+/* Bumps a queue's event count and wakes `count` sleepers. */
+static void signal_queue(fq_queue *q, int count) {
+    /* seq_cst: a sleeper that read the old value sees the change in the
+     * futex call and does not sleep. */
+    atomic_fetch_add(&q->wake_seq, 1);
+    wake_word(&q->wake_seq, count);
+}
+
+/* ----------------------------------------------------------------- layout */
+
+uint64_t fq_layout(const fq_geometry *g, fq_ctrl *c) {
+    if (g->nslots == 0 || g->nslots > FQ_MAX_SLOTS || g->nworkers == 0 ||
+        g->nworkers > FQ_MAX_WORKERS || g->slot_bytes == 0 ||
+        g->page_size == 0 || (g->page_size & (g->page_size - 1)) != 0)
+        return 0;
+    uint32_t capacity = next_pow2(g->nslots);
+    uint64_t cells = round_up(sizeof(fq_ctrl), FQ_CACHE_LINE);
+    uint64_t headers =
+        round_up(cells + 2ull * capacity * sizeof(fq_cell), FQ_CACHE_LINE);
+    uint64_t workers =
+        round_up(headers + (uint64_t)g->nslots * sizeof(fq_slot_header),
+                 FQ_CACHE_LINE);
+    uint64_t data =
+        round_up(workers + (uint64_t)g->nworkers * sizeof(fq_worker_entry),
+                 g->page_size);
+    uint64_t stride = round_up(g->slot_bytes, g->page_size);
+    if (stride > (UINT64_MAX - data) / g->nslots) return 0; /* overflow */
+    uint64_t total = data + stride * g->nslots;
+    if (c) {
+        c->nslots = g->nslots;
+        c->nworkers = g->nworkers;
+        c->capacity = capacity;
+        c->slot_bytes = g->slot_bytes;
+        c->slot_stride = stride;
+        c->cells_offset = cells;
+        c->headers_offset = headers;
+        c->workers_offset = workers;
+        c->data_offset = data;
+        c->region_bytes = total;
+        c->spin_ns = g->spin_ns;
+    }
+    return total;
+}
+
+static void bind(void *base, fq_ring *r) {
+    uint8_t *b = (uint8_t *)base;
+    fq_ctrl *c = (fq_ctrl *)base;
+    r->ctrl = c;
+    r->cells[FQ_FREE] = (fq_cell *)(b + c->cells_offset);
+    r->cells[FQ_READY] = r->cells[FQ_FREE] + c->capacity;
+    r->headers = (fq_slot_header *)(b + c->headers_offset);
+    r->workers = (fq_worker_entry *)(b + c->workers_offset);
+    r->data = b + c->data_offset;
+}
+
+int fq_init(void *base, uint64_t len, const fq_geometry *g, fq_ring *out) {
+    if (base == NULL || out == NULL || g == NULL) return FQ_EINVAL;
+    fq_ctrl layout;
+    memset(&layout, 0, sizeof layout);
+    uint64_t need = fq_layout(g, &layout);
+    if (need == 0) return FQ_EINVAL;
+    if (len < need) return FQ_ESMALL;
+    fq_ctrl *c = (fq_ctrl *)base;
+    /* The region is fresh and private to this process until workers start,
+     * so plain initialisation is enough; process creation orders it. */
+    memcpy(c, &layout, sizeof layout);
+    c->magic = FQ_MAGIC;
+    c->version = FQ_VERSION;
+    bind(base, out);
+    for (int q = 0; q < 2; q++) {
+        for (uint32_t i = 0; i < c->capacity; i++)
+            atomic_init(&out->cells[q][i].seq, i);
+        atomic_init(&c->queues[q].head, 0);
+        atomic_init(&c->queues[q].tail, 0);
+        atomic_init(&c->queues[q].wake_seq, 0);
+        atomic_init(&c->queues[q].waiters, 0);
+    }
+    for (uint32_t w = 0; w < c->nworkers; w++) {
+        atomic_init(&out->workers[w].task, -1);
+        atomic_init(&out->workers[w].batches, 0);
+        atomic_init(&out->workers[w].busy_ns, 0);
+        atomic_init(&out->workers[w].wait_ns, 0);
+        atomic_init(&out->workers[w].pid, 0);
+    }
+    atomic_init(&c->closed, 0);
+    atomic_init(&c->alert, 0);
+    atomic_init(&c->control, 0);
+    atomic_init(&c->pass, 0);
+    atomic_init(&c->next_task, 0);
+    for (uint32_t s = 0; s < c->nslots; s++) {
+        int rc = fq_push(out, FQ_FREE, s);
+        if (rc != FQ_OK) return rc;
+    }
+    return FQ_OK;
+}
+
+int fq_attach(void *base, uint64_t len, fq_ring *out) {
+    if (base == NULL || out == NULL || len < sizeof(fq_ctrl)) return FQ_ESMALL;
+    fq_ctrl *c = (fq_ctrl *)base;
+    if (c->magic != FQ_MAGIC) return FQ_EBADMAGIC;
+    if (c->version != FQ_VERSION) return FQ_EVERSION;
+    if (c->region_bytes > len) return FQ_ESMALL;
+    bind(base, out);
+    return FQ_OK;
+}
+
+/* ----------------------------------------------------------------- queues */
+
+int fq_push(fq_ring *r, fq_queue_id qid, uint32_t slot) {
+    fq_queue *q = &r->ctrl->queues[qid];
+    fq_cell *cells = r->cells[qid];
+    uint64_t mask = r->ctrl->capacity - 1;
+    uint64_t pos = atomic_load_explicit(&q->head, memory_order_relaxed);
+    fq_cell *cell;
+    for (;;) {
+        cell = &cells[pos & mask];
+        /* acquire: the consumer of this cell's previous round is done with
+         * it before we overwrite cell->slot. */
+        uint64_t seq = atomic_load_explicit(&cell->seq, memory_order_acquire);
+        int64_t dif = (int64_t)(seq - pos);
+        if (dif == 0) {
+            if (atomic_compare_exchange_weak_explicit(
+                    &q->head, &pos, pos + 1, memory_order_relaxed,
+                    memory_order_relaxed))
+                break;
+        } else if (dif < 0) {
+            return FQ_EFULL;
+        } else {
+            pos = atomic_load_explicit(&q->head, memory_order_relaxed);
+        }
+    }
+    cell->slot = slot;
+    /* release: publishes cell->slot and everything this process wrote into
+     * the slot (header, data) before the push. */
+    atomic_store_explicit(&cell->seq, pos + 1, memory_order_release);
+    /* seq_cst fence, paired with the waiter's: either we see its waiters
+     * increment, or its retry sees our cell. */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&q->waiters, memory_order_relaxed) != 0)
+        signal_queue(q, 1);
+    return FQ_OK;
+}
+
+int fq_try_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot) {
+    fq_queue *q = &r->ctrl->queues[qid];
+    fq_cell *cells = r->cells[qid];
+    uint64_t mask = r->ctrl->capacity - 1;
+    uint64_t pos = atomic_load_explicit(&q->tail, memory_order_relaxed);
+    fq_cell *cell;
+    for (;;) {
+        cell = &cells[pos & mask];
+        /* acquire: pairs with the pusher's release; makes the slot's header
+         * and data visible. */
+        uint64_t seq = atomic_load_explicit(&cell->seq, memory_order_acquire);
+        int64_t dif = (int64_t)(seq - (pos + 1));
+        if (dif == 0) {
+            if (atomic_compare_exchange_weak_explicit(
+                    &q->tail, &pos, pos + 1, memory_order_relaxed,
+                    memory_order_relaxed))
+                break;
+        } else if (dif < 0) {
+            return FQ_EMPTY;
+        } else {
+            pos = atomic_load_explicit(&q->tail, memory_order_relaxed);
+        }
+    }
+    *slot = (uint32_t)cell->slot;
+    /* release: our read of cell->slot happens before the next round's
+     * pusher overwrites it. */
+    atomic_store_explicit(&cell->seq, pos + mask + 1, memory_order_release);
+    return FQ_OK;
+}
+
+static int abort_reason(const fq_ctrl *c, unsigned abort) {
+    if ((abort & FQ_ABORT_ON_CLOSE) && atomic_load(&c->closed))
+        return FQ_CLOSED;
+    if ((abort & FQ_ABORT_ON_ALERT) && atomic_load(&c->alert))
+        return FQ_ALERT;
+    return FQ_OK;
+}
+
+int fq_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot, int64_t timeout_ns,
+           unsigned abort) {
+    fq_ctrl *c = r->ctrl;
+    fq_queue *q = &c->queues[qid];
+    if (fq_try_pop(r, qid, slot) == FQ_OK) return FQ_OK;
+    int why = abort_reason(c, abort);
+    if (why != FQ_OK) return why;
+
+    uint64_t start = fq_now_ns();
+    uint64_t deadline =
+        timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
+    uint64_t spin_until = start + c->spin_ns;
+    if (spin_until > deadline) spin_until = deadline;
+    /* Spin phase: bounded by spin_ns; reads the clock every 64 tries. */
+    for (unsigned i = 1;; i++) {
+        if (fq_try_pop(r, qid, slot) == FQ_OK) return FQ_OK;
+        if ((i & 63) == 0) {
+            if (fq_now_ns() >= spin_until) break;
+            why = abort_reason(c, abort);
+            if (why != FQ_OK) return why;
+        }
+        fq_cpu_relax();
+    }
+
+    /* Sleep phase: the event-count protocol of fq_ring.h. */
+    for (;;) {
+        atomic_fetch_add(&q->waiters, 1);
+        uint32_t key = atomic_load(&q->wake_seq);
+        atomic_thread_fence(memory_order_seq_cst);
+        int rc;
+        if (fq_try_pop(r, qid, slot) == FQ_OK) {
+            rc = FQ_OK;
+        } else if ((rc = abort_reason(c, abort)) == FQ_OK) {
+            uint64_t now = fq_now_ns();
+            if (now >= deadline) {
+                rc = FQ_TIMEOUT;
+            } else {
+                int64_t left =
+                    deadline == UINT64_MAX ? -1 : (int64_t)(deadline - now);
+                rc = wait_word(&q->wake_seq, key, left);
+                if (rc == FQ_OK) rc = FQ_EMPTY; /* woken: try again */
+            }
+        }
+        atomic_fetch_sub(&q->waiters, 1);
+        if (rc != FQ_EMPTY) return rc;
+    }
+}
+
+uint32_t fq_depth(const fq_ring *r, fq_queue_id qid) {
+    const fq_queue *q = &r->ctrl->queues[qid];
+    uint64_t tail = atomic_load_explicit(&q->tail, memory_order_relaxed);
+    uint64_t head = atomic_load_explicit(&q->head, memory_order_relaxed);
+    return head > tail ? (uint32_t)(head - tail) : 0;
+}
+
+/* ------------------------------------------------------------ task & flags */
+
+uint64_t fq_claim_task(fq_ring *r) {
+    /* relaxed: the counter only hands out distinct numbers; the slot a task
+     * is written into is published by the READY push. */
+    return atomic_fetch_add_explicit(&r->ctrl->next_task, 1,
+                                     memory_order_relaxed);
+}
+
+uint64_t fq_skip_tasks_to(fq_ring *r, uint64_t task) {
+    uint64_t cur = atomic_load(&r->ctrl->next_task);
+    while (cur < task &&
+           !atomic_compare_exchange_weak(&r->ctrl->next_task, &cur, task)) {
+    }
+    return cur < task ? task : cur;
+}
+
+void fq_close(fq_ring *r) {
+    fq_ctrl *c = r->ctrl;
+    /* seq_cst store before the bumps: a waiter that misses the bump sees the
+     * flag in its check before sleeping. */
+    atomic_store(&c->closed, 1);
+    atomic_fetch_add(&c->control, 1);
+    wake_word(&c->control, 0x7fffffff);
+    signal_queue(&c->queues[FQ_FREE], 0x7fffffff);
+    signal_queue(&c->queues[FQ_READY], 0x7fffffff);
+}
+
+int fq_is_closed(const fq_ring *r) { return atomic_load(&r->ctrl->closed) != 0; }
+
+void fq_alert(fq_ring *r) {
+    atomic_store(&r->ctrl->alert, 1);
+    signal_queue(&r->ctrl->queues[FQ_READY], 0x7fffffff);
+}
+
+void fq_set_pass(fq_ring *r, uint32_t pass) {
+    /* seq_cst: a worker that sees the new control value sees the pass. */
+    atomic_store(&r->ctrl->pass, pass);
+    atomic_fetch_add(&r->ctrl->control, 1);
+    wake_word(&r->ctrl->control, 0x7fffffff);
+}
+
+uint32_t fq_get_pass(const fq_ring *r) { return atomic_load(&r->ctrl->pass); }
+
+uint32_t fq_control(const fq_ring *r) { return atomic_load(&r->ctrl->control); }
+
+int fq_wait_control(fq_ring *r, uint32_t seen, int64_t timeout_ns) {
+    if (atomic_load(&r->ctrl->closed)) return FQ_CLOSED;
+    if (atomic_load(&r->ctrl->control) != seen) return FQ_OK;
+    int rc = wait_word(&r->ctrl->control, seen, timeout_ns);
+    if (atomic_load(&r->ctrl->closed)) return FQ_CLOSED;
+    if (rc == FQ_OK || atomic_load(&r->ctrl->control) != seen) return FQ_OK;
+    return rc;
+}
+
+/* ----------------------------------------------------------- worker table */
+
+void fq_worker_set_task(fq_ring *r, uint32_t w, int64_t task) {
+    atomic_store_explicit(&r->workers[w].task, task, memory_order_relaxed);
+}
+
+void fq_worker_set_pid(fq_ring *r, uint32_t w, int32_t pid) {
+    atomic_store_explicit(&r->workers[w].pid, pid, memory_order_relaxed);
+}
+
+void fq_worker_count(fq_ring *r, uint32_t w, uint64_t busy_ns,
+                     uint64_t wait_ns) {
+    fq_worker_entry *e = &r->workers[w];
+    atomic_fetch_add_explicit(&e->batches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->busy_ns, busy_ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&e->wait_ns, wait_ns, memory_order_relaxed);
+}
+
+void fq_worker_read(const fq_ring *r, uint32_t w, fq_worker_stats *out) {
+    fq_worker_entry *e = &r->workers[w];
+    out->task = atomic_load_explicit(&e->task, memory_order_relaxed);
+    out->batches = atomic_load_explicit(&e->batches, memory_order_relaxed);
+    out->busy_ns = atomic_load_explicit(&e->busy_ns, memory_order_relaxed);
+    out->wait_ns = atomic_load_explicit(&e->wait_ns, memory_order_relaxed);
+    out->pid = atomic_load_explicit(&e->pid, memory_order_relaxed);
+}
