@@ -46,7 +46,7 @@ cdef extern from "fq_ring.h" nogil:
         uint64_t task           # the worker: task number the slot holds
         uint64_t rows           # the worker: batch rows written
         uint64_t payload_bytes  # the worker: bytes of an error report
-        uint32_t pass "pass"    # the worker: pass of a callable source
+        uint32_t pass_ "pass"   # the worker: pass of a callable source
         int32_t worker          # the worker: its id
         uint32_t kind           # the worker: fq_slot_kind
         uint32_t sample         # the worker: failing sample's position

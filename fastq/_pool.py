@@ -1,0 +1,172 @@
+"""Worker processes: start method, start, death watch and bounded teardown."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import wait
+from typing import Any
+
+from ._ring import Ring
+from ._worker import WorkerConfig, worker_main
+from .errors import ConfigError, WorkerDied
+
+START_METHODS = ("fork", "spawn", "forkserver")
+# How long close() lets workers leave on their own before SIGKILL: long
+# enough for a worker between batches, short enough to bound close().
+GRACE_SECONDS = 0.5
+
+
+def default_start_method() -> str:
+    """forkserver where it exists (safe in a threaded parent, cheap after the
+    first start), else spawn: the same answer on every Python version."""
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def get_context(start_method: str | None) -> Any:
+    method = default_start_method() if start_method is None else start_method
+    if method not in START_METHODS or method not in mp.get_all_start_methods():
+        raise ConfigError(
+            f"start_method={start_method!r} is not available here; use one of "
+            f"{[m for m in START_METHODS if m in mp.get_all_start_methods()]}"
+        )
+    if method == "fork":
+        _refuse_fork_after_cuda()
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        # Workers fork from a server that already imported fastq and numpy.
+        ctx.set_forkserver_preload(["fastq._worker"])
+    return ctx
+
+
+def _refuse_fork_after_cuda() -> None:
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        initialised = bool(cuda is not None and cuda.is_initialized())
+    except Exception:  # a torch build without CUDA support
+        initialised = False
+    if initialised:
+        raise ConfigError(
+            "start_method='fork': CUDA is already initialised in this process, "
+            "and a forked child cannot use it (it would crash or hang); use "
+            "start_method='forkserver' or 'spawn', or create the Prefetcher "
+            "before touching CUDA"
+        )
+
+
+def _exit_description(exitcode: int | None) -> tuple[str, str]:
+    if exitcode is None:
+        return "is gone", ""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = {
+            "SIGKILL": "; SIGKILL usually means the out-of-memory killer: check "
+            "`dmesg` and lower memory use per worker or the number of workers",
+            "SIGSEGV": "; a segmentation fault in native code the worker ran",
+            "SIGBUS": "; a bus error: memory backing a mapping went away",
+        }.get(name, "")
+        return f"was killed by {name}", hint
+    return f"exited with code {exitcode}", (
+        "; user code called sys.exit() or os._exit() in a worker"
+    )
+
+
+class WorkerPool:
+    """Starts the workers and watches them; a death alerts the consumer."""
+
+    def __init__(self, ctx: Any, configs: list[WorkerConfig], ring: Ring) -> None:
+        self._ring = ring
+        self._pid = os.getpid()
+        self.failure: WorkerDied | None = None
+        self._closing = False
+        self.processes: list[Any] = []
+        self._stop_r, self._stop_w = os.pipe()
+        try:
+            for cfg in configs:
+                p = ctx.Process(
+                    target=worker_main, args=(cfg,),
+                    name=f"fastq-worker-{cfg.worker_id}", daemon=True,
+                )
+                self._start(p, ctx)
+                self.processes.append(p)
+        except BaseException:
+            self.close()
+            raise
+        self._watcher = threading.Thread(
+            target=self._watch, name="fastq-death-watcher", daemon=True
+        )
+        self._watcher.start()
+
+    @staticmethod
+    def _start(p: Any, ctx: Any) -> None:
+        try:
+            p.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            method = ctx.get_start_method()
+            raise ConfigError(
+                f"the source or worker_init cannot be pickled for "
+                f"start_method={method!r}: {exc}. Define them at module level "
+                "(no lambdas, local functions or open handles), or use "
+                "start_method='fork'"
+            ) from exc
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def _watch(self) -> None:
+        sentinels = {p.sentinel: i for i, p in enumerate(self.processes)}
+        ready = wait([*sentinels, self._stop_r])
+        if self._closing or self._stop_r in ready:
+            return
+        for s in ready:
+            if s in sentinels:
+                self._record_death(sentinels[s])
+                break
+        self._ring.alert()
+
+    def _record_death(self, wid: int) -> None:
+        p = self.processes[wid]
+        p.join(0.1)
+        task, *_ = self._ring.worker_stats(wid)
+        how, hint = _exit_description(p.exitcode)
+        held = f" while producing batch {task}" if task >= 0 else ""
+        self.failure = WorkerDied(
+            f"worker {wid} (pid {p.pid}) {how}{held}{hint}",
+            worker=wid, pid=p.pid, exitcode=p.exitcode,
+            task=task if task >= 0 else None,
+        )
+
+    def close(self) -> None:
+        """Bounded: close the ring (wakes every waiter), give workers
+        GRACE_SECONDS to leave, SIGKILL the rest, reap everyone."""
+        if os.getpid() != self._pid or self._closing:
+            return
+        self._closing = True
+        self._ring.close()
+        os.write(self._stop_w, b"x")
+        alive = [p for p in self.processes if p.pid is not None]
+        deadline = time.monotonic() + GRACE_SECONDS
+        pending = alive
+        while pending and time.monotonic() < deadline:
+            wait([p.sentinel for p in pending], deadline - time.monotonic())
+            pending = [p for p in pending if p.exitcode is None]
+        for p in pending:
+            if p.exitcode is None:
+                p.kill()
+        for p in alive:
+            p.join(2.0)
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None:
+            watcher.join(1.0)
+        os.close(self._stop_r)
+        os.close(self._stop_w)

@@ -1,0 +1,591 @@
+"""Prefetcher: the public object. Lifecycle, arguments, epochs and passes,
+the reorder window, batches handed out as views of their slots, stats."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any, Callable
+
+from . import _report
+from ._pool import WorkerPool, get_context
+from ._ring import (
+    ALERT,
+    CLOSED,
+    MAX_SLOTS,
+    MAX_WORKERS,
+    READY,
+    SLOT_BATCH,
+    SLOT_END,
+    SLOT_ERROR,
+    TIMEOUT,
+    Ring,
+    region_size,
+)
+from ._sampler import EpochSampler
+from ._shm import PAGE_SIZE, Region
+from ._spec import BatchSpec
+from ._worker import WorkerConfig
+from .errors import (
+    ConfigError,
+    FetchTimeout,
+    PrefetcherClosed,
+    SlotsExhausted,
+    SpecError,
+    WorkerError,
+)
+
+# Room in every slot for an error report, however small the batch.
+_MIN_SLOT_BYTES = 64 * 1024
+# How long a waiter spins before it sleeps: longer than a small batch takes
+# to produce, far shorter than a scheduler tick.
+_SPIN_NS = int(os.environ.get("FASTQ_SPIN_US", "50")) * 1000
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _positive_int(name: str, value: Any, fix: str, upper: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}={value!r}: expected a positive integer; {fix}")
+    if upper is not None and value > upper:
+        raise ConfigError(f"{name}={value!r}: at most {upper} are supported; {fix}")
+    return value
+
+
+def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None or world_size is None:
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+        else:
+            rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+            world_size = (
+                int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+            )
+    _positive_int("world_size", world_size, "give the number of ranks (>= 1)")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ConfigError(
+            f"rank={rank!r}: expected 0 <= rank < world_size={world_size}; pass "
+            "the process's rank among world_size ranks"
+        )
+    return rank, world_size
+
+
+class Prefetcher:
+    """Feeds fixed-shape numpy batches produced by worker processes through
+    a ring of preallocated shared-memory slots.
+
+    Parameters
+    ----------
+    source : map-style dataset or callable
+        A dataset with ``__len__`` and ``__getitem__`` returning one sample
+        (array, scalar, or tuple/dict of them), or a zero-argument callable
+        returning an iterator of whole batches.
+    batch_size : int, optional
+        Samples per batch; required for map-style sources, not accepted for
+        callables (their batches come whole).
+    workers : int, optional
+        Worker processes; default: usable CPUs - 1, at least 1.
+    slots : int, optional
+        Batches the ring holds; default: two per worker.
+    spec : dict or tuple or (shape, dtype), optional
+        Fields as ``{name: (shape, dtype)}`` for one item (a sample, or a
+        callable's whole batch). Inferred from the first item if omitted.
+    ordered : bool
+        Yield batches in sampler order (True) or as soon as they are ready.
+    shuffle, seed, drop_last : bool, int, bool
+        Per-epoch permutation from ``seed`` (random if None; 0 when
+        world_size > 1 so ranks agree); ``drop_last`` drops the tail that does
+        not divide evenly across ranks and the last partial batch.
+    start_method : {"forkserver", "spawn", "fork"}, optional
+        Default: "forkserver" where available, else "spawn".
+    worker_init : callable, optional
+        Called as ``worker_init(worker_id)`` in each worker before it starts.
+    timeout : float, optional
+        Seconds to wait for one batch before FetchTimeout.
+    copy : bool
+        Hand out owned copies and free the slot at once.
+    rank, world_size : int, optional
+        Shard map-style epochs across ranks like DistributedSampler; default
+        from torch.distributed when initialised, else RANK / WORLD_SIZE.
+    worker_threads : int or None
+        BLAS/OpenMP/torch threads per worker (default 1); None leaves them.
+
+    Raises
+    ------
+    ConfigError
+        An argument is invalid; the message names it and the fix.
+    SpecError
+        The first item cannot be described as fixed-shape numeric fields.
+    SharedMemoryError
+        The ring does not fit in memory.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int | None = None,
+        workers: int | None = None,
+        slots: int | None = None,
+        spec: Any = None,
+        ordered: bool = True,
+        shuffle: bool = False,
+        seed: int | None = None,
+        drop_last: bool = False,
+        start_method: str | None = None,
+        worker_init: Callable[[int], Any] | None = None,
+        timeout: float | None = None,
+        copy: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        worker_threads: int | None = 1,
+    ) -> None:
+        self._pid = os.getpid()
+        self._closed = True  # until construction completes
+        self._pool: WorkerPool | None = None
+        self._region: Region | None = None
+        self._ring: Ring | None = None
+
+        self._is_map = hasattr(source, "__len__") and hasattr(source, "__getitem__")
+        if not self._is_map and not callable(source):
+            raise ConfigError(
+                f"source={type(source).__name__!r} object: expected a map-style "
+                "dataset (with __len__ and __getitem__) or a zero-argument "
+                "callable returning an iterator of batches"
+            )
+        workers = _positive_int(
+            "workers", max(1, _usable_cpus() - 1) if workers is None else workers,
+            "use workers=1 or more", MAX_WORKERS,
+        )
+        slots = _positive_int(
+            "slots", max(2, 2 * workers) if slots is None else slots,
+            "use slots=1 or more (two per worker keeps every worker busy)", MAX_SLOTS,
+        )
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+        ):
+            raise ConfigError(f"timeout={timeout!r}: expected seconds > 0, or None")
+        if worker_init is not None and not callable(worker_init):
+            raise ConfigError(
+                f"worker_init={worker_init!r}: expected a callable taking the worker id"
+            )
+        if worker_threads is not None:
+            _positive_int("worker_threads", worker_threads, "or None to leave them")
+        rank, world_size = _resolve_ranks(rank, world_size)
+        if seed is None:
+            seed = 0 if world_size > 1 else secrets.randbits(63)
+        elif isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed={seed!r}: expected an int or None")
+        ctx = get_context(start_method)
+
+        self._sampler: EpochSampler | None = None
+        if self._is_map:
+            self._spec = self._map_spec(source, batch_size, spec)
+            self._sampler = EpochSampler(
+                len(source), self._spec.rows, shuffle=shuffle, seed=seed,
+                drop_last=drop_last, rank=rank, world_size=world_size,
+            )
+            if self._sampler.batches_per_epoch == 0:
+                raise ConfigError(
+                    f"batch_size={batch_size} with drop_last=True leaves no batch: "
+                    f"each rank has {self._sampler.per_rank} samples; lower "
+                    "batch_size or set drop_last=False"
+                )
+        else:
+            if batch_size is not None:
+                raise ConfigError(
+                    f"batch_size={batch_size!r}: a callable source yields whole "
+                    "batches, so batch_size does not apply; leave it None"
+                )
+            self._spec = self._callable_spec(source, spec)
+
+        self.ordered = bool(ordered)
+        self.copy = bool(copy)
+        self.timeout = None if timeout is None else float(timeout)
+        self.workers = workers
+        self.slots = slots
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+
+        slot_bytes = max(self._spec.slot_bytes, _MIN_SLOT_BYTES)
+        size = region_size(slots, workers, slot_bytes, PAGE_SIZE)
+        self._region = Region.create(size)
+        try:
+            self._ring = Ring.create(
+                self._region.mapping, slots, workers, slot_bytes, PAGE_SIZE, _SPIN_NS
+            )
+            configs = [
+                WorkerConfig(
+                    worker_id=w, num_workers=workers, source=source,
+                    is_map=self._is_map, spec=self._spec, sampler=self._sampler,
+                    seed=seed, rank=rank, world_size=world_size,
+                    worker_init=worker_init, region=self._region.share(),
+                    region_size=size, consumer_pid=self._pid, threads=worker_threads,
+                    death_signal=_in_main_thread(),
+                )
+                for w in range(workers)
+            ]
+            self._pool = WorkerPool(ctx, configs, self._ring)
+        except BaseException:
+            self._teardown()
+            raise
+        self._closed = False
+        self._start_state()
+
+    # ------------------------------------------------------------ spec
+
+    @staticmethod
+    def _map_spec(source: Any, batch_size: Any, spec: Any) -> BatchSpec:
+        if batch_size is None:
+            raise ConfigError(
+                "batch_size=None: a map-style source needs batch_size, the "
+                "number of samples per batch (e.g. batch_size=128)"
+            )
+        rows = _positive_int("batch_size", batch_size, "e.g. batch_size=128")
+        if spec is not None:
+            return BatchSpec.from_user(spec, rows)
+        if len(source) == 0:
+            raise ConfigError(
+                "source has no samples (len(source) == 0); there is nothing to "
+                "prefetch"
+            )
+        return BatchSpec.from_sample(source[0], rows)
+
+    @staticmethod
+    def _callable_spec(source: Callable[[], Any], spec: Any) -> BatchSpec:
+        if spec is not None:
+            return BatchSpec.from_user(spec, None)
+        # Probe: one batch in this process, as workers would make it.
+        it = iter(source())
+        try:
+            first = next(it)
+        except StopIteration:
+            raise ConfigError(
+                "source() yielded no batch, so its spec cannot be inferred; pass "
+                "spec={name: (batch_shape, dtype)}"
+            ) from None
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+        return BatchSpec.from_batch(first)
+
+    # ------------------------------------------------------- iteration
+
+    def _start_state(self) -> None:
+        self._epoch = -1            # map: epoch being (or last) iterated
+        self._pass = 0              # callable: pass being iterated
+        self._pass_started = False  # callable: pass 0 not yet handed out
+        self._ended = 0             # callable: workers done with this pass
+        self._next_task = 0         # ordered: next task number to hand out
+        self._window: dict[int, tuple[int, tuple[Any, ...]]] = {}
+        self._live_iter = 0         # which `for` loop is current
+        self._epoch_done = True
+        self._n_batches = 0
+        self._n_bytes = 0
+        self._wait_ns = 0
+        self._occupancy = 0
+        self._t_first = 0.0
+
+    def __len__(self) -> int:
+        if self._sampler is None:
+            raise TypeError("a Prefetcher over a callable source has no len()")
+        return self._sampler.batches_per_epoch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the current (or last) ``for`` loop iterates."""
+        return self._epoch
+
+    @property
+    def spec(self) -> BatchSpec:
+        return self._spec
+
+    def __iter__(self) -> Iterator[Any]:
+        self._check_open()
+        self._live_iter += 1
+        if self._is_map:
+            self._begin_epoch()
+            return self._iter_epoch(self._live_iter)
+        self._begin_pass()
+        return self._iter_pass(self._live_iter)
+
+    def _begin_epoch(self) -> None:
+        assert self._sampler is not None
+        b = self._sampler.batches_per_epoch
+        self._epoch += 1
+        start = self._epoch * b
+        if not self._epoch_done:
+            # The last loop stopped early: workers jump past what is left of
+            # it; what is still in flight is dropped when it arrives.
+            self._ring.skip_tasks_to(start)
+        self._next_task = start
+        for task in [t for t in self._window if t < start]:
+            self._discard(*self._window.pop(task))
+        self._epoch_done = False
+
+    def _begin_pass(self) -> None:
+        if self._pass_started:
+            self._pass += 1
+            self._ring.set_pass(self._pass)
+            self._ended = 0
+        # Items of an abandoned pass still in the window are dropped as
+        # _iter_pass meets them: in ordered mode each one advances the
+        # sequence, so none may vanish before its turn.
+        self._pass_started = True
+
+    def _iter_epoch(self, token: int) -> Iterator[Any]:
+        assert self._sampler is not None
+        b = self._sampler.batches_per_epoch
+        start = self._epoch * b
+        for _ in range(b):
+            if token != self._live_iter:
+                return
+            slot, header = self._take(start, start + b)
+            yield self._hand_out(slot, header)
+        if token == self._live_iter:
+            self._epoch_done = True
+
+    def _iter_pass(self, token: int) -> Iterator[Any]:
+        while self._ended < self.workers and token == self._live_iter:
+            slot, header = self._take(0, 1 << 63)
+            if header[3] < self._pass:
+                self._discard(slot, header)
+            elif header[1] == SLOT_END:
+                self._ended += 1
+                self._discard(slot, header)
+            else:
+                yield self._hand_out(slot, header)
+
+    def _take(self, lo: int, hi: int) -> tuple[int, tuple[Any, ...]]:
+        """The next item to hand out among tasks [lo, hi): in task order when
+        ordered, else the first to arrive. Items of earlier tasks (an
+        abandoned epoch) are dropped; later ones wait in the window."""
+        ring = self._ring
+        pool = self._pool
+        assert ring is not None and pool is not None
+        while True:
+            if pool.failure is not None:
+                self._fail(pool.failure)
+            if self.ordered:
+                item = self._window.pop(self._next_task, None)
+            else:
+                task = next((t for t in self._window if lo <= t < hi), None)
+                item = None if task is None else self._window.pop(task)
+            if item is not None:
+                self._next_task = item[1][0] + 1
+                return item
+            slot = ring.try_pop_ready()
+            if slot < 0:
+                slot = self._wait_ready(ring)
+            header = ring.header(slot)
+            task = header[0]
+            if task < lo or (self.ordered and task < self._next_task):
+                self._discard(slot, header)
+            elif (task == self._next_task or not self.ordered) and task < hi:
+                self._next_task = task + 1
+                return slot, header
+            else:
+                self._window[task] = (slot, header)
+
+    def _wait_ready(self, ring: Ring) -> int:
+        held = ring.leased + len(self._window)
+        if held >= ring.nslots:
+            raise SlotsExhausted(
+                f"all {ring.nslots} slots are held ({ring.leased} by batches you "
+                f"still reference, {len(self._window)} waiting their turn), so "
+                "no worker can produce the next batch. Drop references to "
+                "earlier batches (or copy what you keep: np.array(x)), pass "
+                "copy=True, or raise slots="
+            )
+        t0 = time.perf_counter_ns()
+        slot = ring.pop_ready(-1.0 if self.timeout is None else self.timeout)
+        self._wait_ns += time.perf_counter_ns() - t0
+        if slot >= 0:
+            return slot
+        if slot == ALERT and self._pool is not None and self._pool.failure is not None:
+            self._fail(self._pool.failure)
+        if slot == TIMEOUT:
+            self._fail(self._timeout_error())
+        if slot == CLOSED:
+            raise PrefetcherClosed("the Prefetcher was closed while waiting for a batch")
+        raise AssertionError(f"unexpected pop result {slot}")
+
+    def _hand_out(self, slot: int, header: tuple[Any, ...]) -> Any:
+        ring = self._ring
+        assert ring is not None
+        kind, rows = header[1], header[2]
+        if kind == SLOT_ERROR:
+            self._fail(self._worker_error(slot, header))
+        if kind != SLOT_BATCH:
+            raise AssertionError(f"slot kind {kind} handed out")
+        if self._n_batches == 0:
+            self._t_first = time.perf_counter()
+        self._n_batches += 1
+        self._n_bytes += rows * self._spec.row_bytes
+        self._occupancy += ring.depth(READY) + len(self._window)
+        lease = ring.lease(slot)
+        arrays = self._spec.views(lease, rows)
+        if self.copy:
+            arrays = [a.copy() for a in arrays]
+            lease.release()
+        del lease
+        return arrays[0] if self._spec.structure is None else self._spec.unflatten(arrays)
+
+    def _discard(self, slot: int, header: tuple[Any, ...]) -> None:
+        self._ring.push_free(slot)
+
+    # ---------------------------------------------------------- errors
+
+    def _fail(self, exc: BaseException) -> None:
+        self.close()
+        raise exc
+
+    def _worker_error(self, slot: int, header: tuple[Any, ...]) -> Exception:
+        task, _, _, _, worker, sample, nbytes = header
+        report = _report.decode(memoryview(self._ring.slot_view(slot))[:nbytes])
+        self._ring.push_free(slot)
+        where = f"batch {task}"
+        sample_index = None
+        if self._sampler is not None:
+            indices = self._sampler.batch_indices(task)
+            if sample < len(indices):
+                sample_index = int(indices[sample])
+                where += f", sample {sample_index}"
+        pid = self._pool.pids[worker] if self._pool is not None else -1
+        if report.is_spec_error:
+            return SpecError(f"{report.message} (worker {worker}, {where})")
+        exc = WorkerError(
+            f"worker {worker} (pid {pid}) raised {report.type_name} while producing "
+            f"{where}: {report.message}\n\nRemote traceback:\n{report.traceback}",
+            worker=worker, task=task, sample=sample_index,
+            remote_traceback=report.traceback,
+        )
+        exc.__cause__ = report.revive()
+        return exc
+
+    def _timeout_error(self) -> FetchTimeout:
+        ring = self._ring
+        assert ring is not None and self._pool is not None
+        holders = [
+            (w, stats[0]) for w in range(ring.nworkers)
+            if (stats := ring.worker_stats(w))[0] >= 0
+        ]
+        wanted = self._next_task if self.ordered else None
+        stuck = next((w for w, t in holders if t == wanted), None)
+        if stuck is None and holders:
+            stuck = min(holders, key=lambda h: h[1])[0]
+        detail = ""
+        if stuck is not None:
+            pid = self._pool.pids[stuck]
+            task = dict(holders)[stuck]
+            detail = (f": worker {stuck} (pid {pid}) has been on batch {task}; its "
+                      "Python stack follows on stderr")
+            if hasattr(signal, "SIGUSR1"):
+                try:
+                    os.kill(pid, signal.SIGUSR1)  # faulthandler in the worker
+                    time.sleep(0.05)  # let the dump reach stderr before we exit
+                except OSError:
+                    pass
+        return FetchTimeout(
+            f"no batch within timeout={self.timeout} s{detail}. Raise timeout= "
+            "if batches are legitimately slow",
+            worker=stuck, task=wanted if wanted is not None else -1,
+        )
+
+    # ------------------------------------------------------- lifecycle
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PrefetcherClosed("this Prefetcher is closed; create a new one")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stops and reaps every worker (bounded: about a second). Batches
+        already handed out stay valid while referenced."""
+        if self._closed or os.getpid() != self._pid:
+            return
+        self._closed = True
+        self._live_iter += 1
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        elif self._ring is not None:
+            self._ring.close()
+        if self._region is not None:
+            self._region.close()
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_closed", True) or os.getpid() != getattr(self, "_pid", -1):
+            return
+        warnings.warn(
+            "fastq.Prefetcher was not closed; use it as a context manager or "
+            "call close()", ResourceWarning, stacklevel=2,
+        )
+        try:
+            self.close()
+        except Exception:  # never raise from __del__
+            pass
+
+    # ------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        """Throughput, the consumer's wait share, ring occupancy, per worker.
+
+        Returns
+        -------
+        dict
+            ``batches``, ``bytes``, ``seconds`` (since the first batch),
+            ``batches_per_s``, ``gb_per_s``, ``wait_share`` (fraction of that
+            time the consumer spent waiting), ``mean_ready`` (batches ready
+            when one was taken), ``slots``, and ``workers``: a list of dicts
+            with ``pid``, ``batches``, ``busy_s``, ``wait_s`` and ``task``.
+        """
+        elapsed = time.perf_counter() - self._t_first if self._n_batches else 0.0
+        per_worker = []
+        if self._ring is not None and self._pool is not None:
+            for w in range(self.workers):
+                task, batches, busy, wait, pid = self._ring.worker_stats(w)
+                per_worker.append({"pid": pid, "batches": batches, "busy_s": busy / 1e9,
+                                   "wait_s": wait / 1e9, "task": task})
+        n = self._n_batches
+        return {
+            "batches": n,
+            "bytes": self._n_bytes,
+            "seconds": elapsed,
+            "batches_per_s": n / elapsed if elapsed > 0 else 0.0,
+            "gb_per_s": self._n_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
+            "wait_share": min(1.0, self._wait_ns / 1e9 / elapsed) if elapsed > 0 else 0.0,
+            "mean_ready": self._occupancy / n if n else 0.0,
+            "slots": self.slots,
+            "workers": per_worker,
+        }
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

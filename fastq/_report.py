@@ -1,0 +1,76 @@
+"""Error reports: written by a worker into the slot of the failed batch and
+read back by the consumer, so failures travel the data path, not a side
+channel. Survives exceptions that cannot be pickled."""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Report:
+    type_name: str
+    message: str
+    traceback: str
+    is_spec_error: bool
+    exception: bytes | None  # the pickled exception, when it pickles
+
+    def revive(self) -> BaseException | None:
+        """The original exception object, if it survives the round trip."""
+        if self.exception is None:
+            return None
+        try:
+            exc = pickle.loads(self.exception)
+        except Exception:  # a class that cannot be rebuilt: text is enough
+            return None
+        return exc if isinstance(exc, BaseException) else None
+
+
+def encode(exc: BaseException, limit: int) -> bytes:
+    """A report of `exc` in at most `limit` bytes (the slot's size)."""
+    from .errors import SpecError
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<{type(exc).__name__}: str() failed>"
+    try:
+        pickled: bytes | None = pickle.dumps(exc)
+        pickle.loads(pickled)  # classes whose __init__ needs other arguments
+    except Exception:
+        pickled = None
+    report = Report(
+        f"{type(exc).__module__}.{type(exc).__qualname__}",
+        message,
+        text,
+        isinstance(exc, SpecError),
+        pickled,
+    )
+    data = _dump(report)
+    if len(data) > limit:
+        report.exception = None
+        data = _dump(report)
+    while len(data) > limit and (report.traceback or report.message):
+        # Keep the end of the traceback: it names the failing line.
+        keep = max(0, len(report.traceback) - (len(data) - limit) - 64)
+        report.traceback = "...\n" + report.traceback[-keep:] if keep else ""
+        if not keep:
+            report.message = report.message[: max(0, limit // 4)]
+        data = _dump(report)
+    return data[:limit]
+
+
+def decode(data: Any) -> Report:
+    try:
+        fields = pickle.loads(bytes(data))
+        return Report(**fields)
+    except Exception as exc:
+        return Report("unknown", f"unreadable error report ({exc})", "", False, None)
+
+
+def _dump(report: Report) -> bytes:
+    return pickle.dumps(report.__dict__, protocol=pickle.HIGHEST_PROTOCOL)

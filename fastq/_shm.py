@@ -1,0 +1,166 @@
+"""The ring's shared region: an anonymous memfd, sized, reserved and mapped.
+
+No name ever exists (memfd on Linux, an unlinked temporary file elsewhere), so
+nothing can leak even when every process is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+from multiprocessing import reduction
+from typing import Any
+
+from .errors import SharedMemoryError
+
+PAGE_SIZE = mmap.PAGESIZE
+# MAP_POPULATE pre-faults the whole mapping in each process at mmap time, so
+# no batch pays a page fault (Linux only; elsewhere pages fault in lazily).
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
+def available_memory() -> int | None:
+    """Bytes that can still be allocated: MemAvailable, capped by the
+    cgroup's memory limit; None where neither can be read."""
+    candidates = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    candidates.append(int(line.split()[1]) * 1024)
+                    break
+    except OSError:
+        pass
+    limit = _cgroup_headroom()
+    if limit is not None:
+        candidates.append(limit)
+    return min(candidates) if candidates else None
+
+
+def _cgroup_headroom() -> int | None:
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            with open(limit_file) as f:
+                raw = f.read().strip()
+            if raw == "max":
+                return None
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+            limit = int(raw)
+        except (OSError, ValueError):
+            continue
+        # cgroup v1 reports "no limit" as a huge number.
+        if limit >= 1 << 60:
+            return None
+        return max(0, limit - usage)
+    return None
+
+
+def _open_anonymous(nbytes: int) -> int:
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("fastq-ring", os.MFD_CLOEXEC)
+    # Fallback where memfd does not exist: a file that is unlinked before it
+    # is ever used, so it has no name to leak; workers get its descriptor.
+    f = tempfile.TemporaryFile(prefix="fastq-ring-")
+    fd = os.dup(f.fileno())
+    f.close()
+    return fd
+
+
+def _format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError("unreachable")
+
+
+class SharedFd:
+    """A descriptor that crosses process creation: inherited under fork,
+    passed by the start method's own descriptor passing under spawn and
+    forkserver (multiprocessing.reduction.DupFd)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_shared_fd, (reduction.DupFd(self.fd),))
+
+
+def _rebuild_shared_fd(dup: Any) -> SharedFd:
+    return SharedFd(dup.detach())
+
+
+class Region:
+    """One shared mapping of `size` bytes, created here or attached to."""
+
+    def __init__(self, fd: int, size: int, mapping: mmap.mmap) -> None:
+        self.fd = fd
+        self.size = size
+        self.mapping = mapping
+        self._pid = os.getpid()
+
+    @classmethod
+    def create(cls, size: int) -> Region:
+        """Allocates and pre-faults `size` bytes or raises SharedMemoryError
+        naming the bytes needed and available."""
+        available = available_memory()
+        if available is not None and size > available:
+            raise SharedMemoryError(_short_message(size, available))
+        fd = _open_anonymous(size)
+        try:
+            os.ftruncate(fd, size)
+            # Reserve every page now: a tmpfs page that cannot be allocated
+            # later would kill the writer with SIGBUS instead of an error.
+            if hasattr(os, "posix_fallocate"):
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as exc:
+                    raise SharedMemoryError(
+                        _short_message(size, available_memory(), exc)
+                    ) from exc
+            mapping = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, size, mapping)
+
+    @classmethod
+    def attach(cls, shared: SharedFd, size: int) -> Region:
+        """Maps a region created in another process (in a worker)."""
+        fd = shared.fd
+        try:
+            mapping = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+        finally:
+            # The mapping keeps the memory; the descriptor is not needed.
+            os.close(fd)
+        return cls(-1, size, mapping)
+
+    def share(self) -> SharedFd:
+        return SharedFd(self.fd)
+
+    def close(self) -> None:
+        """Closes the descriptor. The mapping lives on while anything still
+        references it (batches handed out), and goes with its last user."""
+        if self.fd >= 0 and os.getpid() == self._pid:
+            os.close(self.fd)
+        self.fd = -1
+
+
+def _short_message(
+    size: int, available: int | None, exc: OSError | None = None
+) -> str:
+    have = "unknown" if available is None else _format_bytes(available)
+    why = f" ({exc.strerror})" if exc is not None else ""
+    return (
+        f"not enough memory for the ring: it needs {_format_bytes(size)} "
+        f"({size} bytes) of shared memory and {have} is available{why}. "
+        "Lower slots= or batch_size=, or free memory."
+    )

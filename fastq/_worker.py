@@ -1,0 +1,326 @@
+"""Worker process entry point (spawn-safe): attach to the ring, seed, run
+worker_init, then produce batches straight into slots until closed."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from . import _report
+from ._ring import SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
+from ._sampler import EpochSampler
+from ._shm import Region, SharedFd
+from ._spec import BatchSpec
+from ._worker_info import WorkerInfo, _set_worker_info, mix_seed
+from .errors import SpecError
+
+_THREAD_ENV = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker needs; pickled once per worker under spawn."""
+
+    worker_id: int
+    num_workers: int
+    source: Any
+    is_map: bool
+    spec: BatchSpec
+    sampler: EpochSampler | None
+    seed: int
+    rank: int
+    world_size: int
+    worker_init: Callable[[int], Any] | None
+    region: SharedFd
+    region_size: int
+    consumer_pid: int
+    threads: int | None
+    death_signal: bool  # the consumer's main thread started us: PDEATHSIG is exact
+
+
+def worker_main(cfg: WorkerConfig) -> None:
+    """Runs in the worker process; returns when the ring closes."""
+    _isolate_from_terminal()
+    _die_with_consumer(cfg.consumer_pid, cfg.death_signal)
+    _limit_threads(cfg.threads)
+    ring = Ring.attach(Region.attach(cfg.region, cfg.region_size).mapping)
+    ring.set_worker_pid(cfg.worker_id, os.getpid())
+    info = WorkerInfo(
+        cfg.worker_id, cfg.num_workers, cfg.seed, cfg.rank, cfg.world_size,
+        cfg.source,
+    )
+    _set_worker_info(info)
+    _seed_globals(mix_seed(cfg.seed, 1 << 33, cfg.worker_id))
+    producer = _Producer(ring, cfg, info)
+    try:
+        if cfg.worker_init is not None:
+            cfg.worker_init(cfg.worker_id)
+    except Exception as exc:
+        producer.report_and_stop(exc)
+        return
+    if cfg.is_map:
+        producer.run_map()
+    else:
+        producer.run_callable()
+
+
+def _isolate_from_terminal() -> None:
+    # Ctrl+C goes to the whole process group; the consumer alone handles it
+    # and tears the workers down, so they must not print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # On a FetchTimeout the consumer asks for this worker's stack with
+    # SIGUSR1; it goes to stderr, which the worker shares with the consumer.
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
+def _die_with_consumer(consumer_pid: int, death_signal: bool) -> None:
+    """Makes sure this worker never outlives the consumer process."""
+    if death_signal and sys.platform.startswith("linux") and os.getppid() == consumer_pid:
+        # PR_SET_PDEATHSIG fires when the parent *thread* exits, so it is
+        # only used when the consumer's main thread created us.
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != consumer_pid and not _alive(consumer_pid):
+        os._exit(1)
+    # Covers every start method (a forkserver worker's parent is the fork
+    # server, not the consumer) and a stuck user function: a thread that
+    # wakes the moment the consumer exits and kills this process.
+    threading.Thread(
+        target=_watch_consumer, args=(consumer_pid,), name="fastq-consumer-watch",
+        daemon=True,
+    ).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch_consumer(pid: int) -> None:
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        select.select([fd], [], [])
+    else:
+        # No pidfd (old kernel or not Linux): poll the pid. Bounded: one
+        # cheap check every 200 ms, off the data path.
+        while _alive(pid):
+            time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _limit_threads(threads: int | None) -> None:
+    if threads is None:
+        return
+    for name in _THREAD_ENV:
+        os.environ[name] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+
+
+def _seed_globals(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
+class _Producer:
+    """The worker's loop: slot, task, produce, publish."""
+
+    def __init__(self, ring: Ring, cfg: WorkerConfig, info: WorkerInfo) -> None:
+        self.ring = ring
+        self.cfg = cfg
+        self.info = info
+        self.spec = cfg.spec
+        self.wid = cfg.worker_id
+        # Full-capacity arrays over every slot, built once: writes go
+        # straight into shared memory with no per-batch setup.
+        self.views = [
+            cfg.spec.views(ring.slot_view(s), cfg.spec.rows) for s in range(ring.nslots)
+        ]
+        self.sample = 0  # position in the batch of the sample being produced
+
+    # ---------------------------------------------------------------- slots
+
+    def _take_slot(self) -> tuple[int, int, int]:
+        """(slot, task, wait_ns), or slot < 0 once the ring is closed."""
+        t0 = time.perf_counter_ns()
+        slot = self.ring.pop_free()
+        if slot < 0:
+            return slot, -1, 0
+        task = self.ring.claim_task()
+        self.ring.set_worker_task(self.wid, task)
+        return slot, task, time.perf_counter_ns() - t0
+
+    def _report(self, slot: int, task: int, exc: BaseException, pass_: int = 0) -> None:
+        payload = _report.encode(exc, self.ring.slot_bytes)
+        memoryview(self.ring.slot_view(slot))[: len(payload)] = payload
+        self.ring.publish(slot, task, SLOT_ERROR, 0, pass_, self.wid, self.sample,
+                          len(payload))
+
+    def report_and_stop(self, exc: BaseException) -> None:
+        """Reports a failure outside any batch (worker_init), then idles
+        until the consumer closes the ring."""
+        slot, task, _ = self._take_slot()
+        if slot >= 0:
+            self.sample = 0
+            self._report(slot, task, exc)
+        self._idle_until_closed()
+
+    def _idle_until_closed(self) -> None:
+        while not self.ring.closed:
+            self.ring.wait_control(self.ring.control, 1.0)
+
+    # ------------------------------------------------------------ map-style
+
+    def run_map(self) -> None:
+        sampler = self.cfg.sampler
+        assert sampler is not None
+        dataset = self.cfg.source
+        fill = getattr(dataset, "fill_batch", None)
+        getitems = getattr(dataset, "__getitems__", None)
+        while True:
+            slot, task, wait_ns = self._take_slot()
+            if slot < 0:
+                return
+            t0 = time.perf_counter_ns()
+            epoch, _ = sampler.locate(task)
+            indices = sampler.batch_indices(task)
+            self.info._start_task(epoch, task)
+            _seed_globals_fast(mix_seed(self.cfg.seed, epoch, task))
+            self.sample = 0
+            try:
+                views = self.views[slot]
+                if fill is not None:
+                    out = self.spec.unflatten([v[: len(indices)] for v in views])
+                    fill(indices, out)
+                elif getitems is not None:
+                    self._write_samples(getitems(indices.tolist()), views)
+                else:
+                    self._write_samples((dataset[i] for i in indices.tolist()), views)
+            except Exception as exc:
+                self._report(slot, task, exc)
+            else:
+                self.ring.publish(slot, task, SLOT_BATCH, len(indices), 0, self.wid)
+            self.ring.count_batch(self.wid, time.perf_counter_ns() - t0, wait_ns)
+
+    def _write_samples(self, samples: Any, views: list[np.ndarray[Any, Any]]) -> None:
+        spec = self.spec
+        if spec.structure is None:
+            view = views[0]
+            for j, sample in enumerate(samples):
+                self.sample = j
+                view[j] = spec.check_row(0, sample)
+            return
+        for j, sample in enumerate(samples):
+            self.sample = j
+            for i, leaf in enumerate(spec.flatten(sample, "a sample")):
+                views[i][j] = spec.check_row(i, leaf)
+
+    # ------------------------------------------------------------- callable
+
+    def run_callable(self) -> None:
+        ring = self.ring
+        pass_ = ring.pass_
+        it: Iterator[Any] | None = None
+        while True:
+            slot, task, wait_ns = self._take_slot()
+            if slot < 0:
+                return
+            t0 = time.perf_counter_ns()
+            current = ring.pass_
+            if current != pass_ or it is None:
+                # A new pass (or the first): abandon the old iterator.
+                pass_, it = current, None
+            self.sample = 0
+            try:
+                if it is None:
+                    it = iter(self.cfg.source())
+                batch = next(it)
+                rows = self._write_batch(batch, self.views[slot])
+            except StopIteration:
+                ring.publish(slot, task, SLOT_END, 0, pass_, self.wid)
+                if not self._wait_for_next_pass(pass_):
+                    return
+                it = None
+                continue
+            except Exception as exc:
+                self._report(slot, task, exc, pass_)
+                self._idle_until_closed()
+                return
+            ring.publish(slot, task, SLOT_BATCH, rows, pass_, self.wid)
+            ring.count_batch(self.wid, time.perf_counter_ns() - t0, wait_ns)
+
+    def _wait_for_next_pass(self, pass_: int) -> bool:
+        """Sleeps until the consumer starts another pass; False if closed."""
+        ring = self.ring
+        ring.set_worker_task(self.wid, -1)
+        while True:
+            seen = ring.control
+            if ring.closed:
+                return False
+            if ring.pass_ != pass_:
+                return True
+            ring.wait_control(seen, 1.0)
+
+    def _write_batch(self, batch: Any, views: list[np.ndarray[Any, Any]]) -> int:
+        spec = self.spec
+        leaves = [batch] if spec.structure is None else spec.flatten(batch, "a batch")
+        rows = -1
+        arrays = []
+        for i, leaf in enumerate(leaves):
+            arr = spec.check_batch(i, leaf)
+            if rows < 0:
+                rows = arr.shape[0]
+            elif arr.shape[0] != rows:
+                raise SpecError(
+                    f"field {spec.fields[i].name!r} of a batch: {arr.shape[0]} rows "
+                    f"while field {spec.fields[0].name!r} has {rows}; every field "
+                    "of a batch needs the same number of rows"
+                )
+            arrays.append(arr)
+        for view, arr in zip(views, arrays):
+            view[:rows] = arr
+        return rows
+
+
+def _seed_globals_fast(seed: int) -> None:
+    # Per batch: only the cheap global generators; torch's is seeded per
+    # worker (its manual_seed costs more than a small batch).
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)

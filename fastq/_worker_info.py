@@ -1,0 +1,83 @@
+"""What a worker knows about itself: fastq.get_worker_info()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*words: int) -> int:
+    """A 64-bit seed from integers (splitmix64 finaliser per word): cheap
+    enough to reseed the global generators for every batch."""
+    h = 0x9E3779B97F4A7C15
+    for w in words:
+        h = (h ^ (w & _MASK64)) & _MASK64
+        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+    return h
+
+
+@dataclass
+class WorkerInfo:
+    """Returned by fastq.get_worker_info() inside a worker; None elsewhere.
+
+    Attributes
+    ----------
+    id : int
+        This worker's number, 0 <= id < num_workers.
+    num_workers : int
+        Workers of this Prefetcher.
+    seed : int
+        The Prefetcher's base seed.
+    rank, world_size : int
+        This process's place among distributed ranks.
+    dataset : object
+        This worker's copy of the source.
+    epoch, task : int
+        The batch being produced (map-style sources; -1 before the first).
+    """
+
+    id: int
+    num_workers: int
+    seed: int
+    rank: int
+    world_size: int
+    dataset: Any
+    epoch: int = -1
+    task: int = -1
+    _rng: np.random.Generator | None = field(default=None, repr=False)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """A Generator seeded from SeedSequence((seed, epoch, task)) for
+        map-style sources, so results do not depend on which worker, or how
+        many, produce a batch; from (seed, worker id) for callable sources."""
+        if self._rng is None:
+            key = (self.seed, self.epoch, self.task) if self.task >= 0 else (
+                self.seed, 1 << 32, self.id)
+            self._rng = np.random.default_rng(np.random.SeedSequence(
+                [k & _MASK64 for k in key]))
+        return self._rng
+
+    def _start_task(self, epoch: int, task: int) -> None:
+        self.epoch = epoch
+        self.task = task
+        self._rng = None
+
+
+_current: WorkerInfo | None = None
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """This worker's WorkerInfo, or None outside a fastq worker."""
+    return _current
+
+
+def _set_worker_info(info: WorkerInfo | None) -> None:
+    global _current
+    _current = info
