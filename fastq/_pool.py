@@ -76,7 +76,8 @@ def _exit_description(exitcode: int | None) -> tuple[str, str]:
         }.get(name, "")
         return f"was killed by {name}", hint
     return f"exited with code {exitcode}", (
-        "; user code called sys.exit() or os._exit() in a worker"
+        "; user code called sys.exit() or os._exit(), or the worker failed "
+        "outside any batch (its traceback is on stderr)"
     )
 
 

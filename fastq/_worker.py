@@ -219,12 +219,13 @@ class _Producer:
             if slot < 0:
                 return
             t0 = time.perf_counter_ns()
-            epoch, _ = sampler.locate(task)
-            indices = sampler.batch_indices(task)
-            self.info._start_task(epoch, task)
-            _seed_globals_fast(mix_seed(self.cfg.seed, epoch, task))
             self.sample = 0
+            indices: Any = ()
             try:
+                epoch, _ = sampler.locate(task)
+                indices = sampler.batch_indices(task)
+                self.info._start_task(epoch, task)
+                _seed_globals_fast(mix_seed(self.cfg.seed, epoch, task))
                 views = self.views[slot]
                 if fill is not None:
                     out = self.spec.unflatten([v[: len(indices)] for v in views])

@@ -1,0 +1,1 @@
+"""The side-by-side benchmark behind `python -m fastq bench`."""
