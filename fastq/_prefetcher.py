@@ -98,7 +98,8 @@ class Prefetcher:
     workers : int, optional
         Worker processes; default: usable CPUs - 1, at least 1.
     slots : int, optional
-        Batches the ring holds; default: two per worker.
+        Batches prefetched ahead of the consumer; default: two per worker. The
+        ring holds one slot more, for the batch the loop body is using.
     spec : dict or tuple or (shape, dtype), optional
         Fields as ``{name: (shape, dtype)}`` for one item (a sample, or a
         callable's whole batch). Inferred from the first item if omitted.
@@ -170,7 +171,8 @@ class Prefetcher:
         )
         slots = _positive_int(
             "slots", max(2, 2 * workers) if slots is None else slots,
-            "use slots=1 or more (two per worker keeps every worker busy)", MAX_SLOTS,
+            "use slots=1 or more (two per worker keeps every worker busy)",
+            MAX_SLOTS - 1,
         )
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
@@ -220,11 +222,15 @@ class Prefetcher:
         self.world_size = world_size
 
         slot_bytes = max(self._spec.slot_bytes, _MIN_SLOT_BYTES)
-        size = region_size(slots, workers, slot_bytes, PAGE_SIZE)
+        # One slot more than asked for: the batch a `for` loop's body still
+        # holds while the next one is fetched must not starve the workers.
+        ring_slots = slots + 1
+        size = region_size(ring_slots, workers, slot_bytes, PAGE_SIZE)
         self._region = Region.create(size)
         try:
             self._ring = Ring.create(
-                self._region.mapping, slots, workers, slot_bytes, PAGE_SIZE, _SPIN_NS
+                self._region.mapping, ring_slots, workers, slot_bytes, PAGE_SIZE,
+                _SPIN_NS,
             )
             configs = [
                 WorkerConfig(
@@ -567,8 +573,8 @@ class Prefetcher:
         elapsed = time.perf_counter() - self._t_first if self._n_batches else 0.0
         per_worker = []
         if self._ring is not None and self._pool is not None:
-            for w in range(self.workers):
-                task, batches, busy, wait, pid = self._ring.worker_stats(w)
+            for w, pid in enumerate(self._pool.pids):
+                task, batches, busy, wait, _ = self._ring.worker_stats(w)
                 per_worker.append({"pid": pid, "batches": batches, "busy_s": busy / 1e9,
                                    "wait_s": wait / 1e9, "task": task})
         n = self._n_batches

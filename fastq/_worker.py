@@ -32,6 +32,8 @@ _THREAD_ENV = (
     "NUMEXPR_NUM_THREADS",
 )
 _PR_SET_PDEATHSIG = 1
+# Header value for "the failure was not at one sample" (a whole-batch call).
+_UNKNOWN_SAMPLE = 0xFFFFFFFF
 
 
 @dataclass
@@ -219,8 +221,7 @@ class _Producer:
             if slot < 0:
                 return
             t0 = time.perf_counter_ns()
-            self.sample = 0
-            indices: Any = ()
+            self.sample = _UNKNOWN_SAMPLE
             try:
                 epoch, _ = sampler.locate(task)
                 indices = sampler.batch_indices(task)
@@ -229,27 +230,40 @@ class _Producer:
                 views = self.views[slot]
                 if fill is not None:
                     out = self.spec.unflatten([v[: len(indices)] for v in views])
+                    if self.spec.structure is None:
+                        out = views[0][: len(indices)]
                     fill(indices, out)
                 elif getitems is not None:
-                    self._write_samples(getitems(indices.tolist()), views)
+                    self.sample = _UNKNOWN_SAMPLE
+                    samples = getitems(indices.tolist())
+                    if len(samples) != len(indices):
+                        raise SpecError(
+                            f"__getitems__ returned {len(samples)} samples for "
+                            f"{len(indices)} indices; return one sample per index"
+                        )
+                    self._write_samples(samples.__getitem__, list(range(len(samples))),
+                                        views)
                 else:
-                    self._write_samples((dataset[i] for i in indices.tolist()), views)
+                    self._write_samples(dataset.__getitem__, indices.tolist(), views)
             except Exception as exc:
                 self._report(slot, task, exc)
-            else:
-                self.ring.publish(slot, task, SLOT_BATCH, len(indices), 0, self.wid)
-            self.ring.count_batch(self.wid, time.perf_counter_ns() - t0, wait_ns)
+                continue
+            # Counted before publishing, so stats never lag what was consumed.
+            self.ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
+            self.ring.publish(slot, task, SLOT_BATCH, len(indices), 0, self.wid)
 
-    def _write_samples(self, samples: Any, views: list[np.ndarray[Any, Any]]) -> None:
+    def _write_samples(self, get: Callable[[int], Any], keys: list[int],
+                       views: list[np.ndarray[Any, Any]]) -> None:
+        """Row j of the slot = get(keys[j]); self.sample names the row being
+        produced before user code runs, so an error points at its sample."""
         spec = self.spec
-        if spec.structure is None:
-            view = views[0]
-            for j, sample in enumerate(samples):
-                self.sample = j
-                view[j] = spec.check_row(0, sample)
-            return
-        for j, sample in enumerate(samples):
+        single = spec.structure is None
+        for j, key in enumerate(keys):
             self.sample = j
+            sample = get(key)
+            if single:
+                views[0][j] = spec.check_row(0, sample)
+                continue
             for i, leaf in enumerate(spec.flatten(sample, "a sample")):
                 views[i][j] = spec.check_row(i, leaf)
 
@@ -284,8 +298,8 @@ class _Producer:
                 self._report(slot, task, exc, pass_)
                 self._idle_until_closed()
                 return
+            ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
             ring.publish(slot, task, SLOT_BATCH, rows, pass_, self.wid)
-            ring.count_batch(self.wid, time.perf_counter_ns() - t0, wait_ns)
 
     def _wait_for_next_pass(self, pass_: int) -> bool:
         """Sleeps until the consumer starts another pass; False if closed."""

@@ -269,9 +269,9 @@ cdef class Ring:
         self._check_worker(w)
         fq_worker_set_task(&self.ring, w, task)
 
-    def count_batch(self, uint32_t w, uint64_t busy_ns, uint64_t wait_ns):
+    def batch_done(self, uint32_t w, uint64_t busy_ns, uint64_t wait_ns):
         self._check_worker(w)
-        fq_worker_count(&self.ring, w, busy_ns, wait_ns)
+        fq_worker_done(&self.ring, w, busy_ns, wait_ns)
 
     def worker_stats(self, uint32_t w):
         """(task in hand or -1, batches, busy_ns, wait_ns, pid)."""

@@ -381,12 +381,13 @@ void fq_worker_set_pid(fq_ring *r, uint32_t w, int32_t pid) {
     atomic_store_explicit(&r->workers[w].pid, pid, memory_order_relaxed);
 }
 
-void fq_worker_count(fq_ring *r, uint32_t w, uint64_t busy_ns,
+void fq_worker_done(fq_ring *r, uint32_t w, uint64_t busy_ns,
                      uint64_t wait_ns) {
     fq_worker_entry *e = &r->workers[w];
     atomic_fetch_add_explicit(&e->batches, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&e->busy_ns, busy_ns, memory_order_relaxed);
     atomic_fetch_add_explicit(&e->wait_ns, wait_ns, memory_order_relaxed);
+    atomic_store_explicit(&e->task, -1, memory_order_relaxed);
 }
 
 void fq_worker_read(const fq_ring *r, uint32_t w, fq_worker_stats *out) {

@@ -92,6 +92,6 @@ cdef extern from "fq_ring.h" nogil:
 
     void fq_worker_set_task(fq_ring *r, uint32_t w, int64_t task)
     void fq_worker_set_pid(fq_ring *r, uint32_t w, int32_t pid)
-    void fq_worker_count(fq_ring *r, uint32_t w, uint64_t busy_ns,
+    void fq_worker_done(fq_ring *r, uint32_t w, uint64_t busy_ns,
                          uint64_t wait_ns)
     void fq_worker_read(const fq_ring *r, uint32_t w, fq_worker_stats *out)

@@ -15,7 +15,7 @@
  * and of the control word, fq_alert wakes the consumer's READY sleep.
  *
  * Usage: stress_ring [--short | --long] [-r rounds] [-t tasks] [-p producers]
- *                    [-s max_slots] [-b slot_bytes] [-S seed]
+ *                    [-s max_slots] [-b slot_bytes] [-S seed] [--allow-efull]
  *        stress_ring --efull-repro
  * Exit 0: no violation; 1: a violation (each printed on stderr); 2: usage;
  * 3: a thread hung past the watchdog.
@@ -340,9 +340,25 @@ typedef struct lease {
 
 #define CONSUMER_ID MAX_PRODUCERS
 
+/* --allow-efull: the workaround for the spurious FQ_EFULL that
+ * --efull-repro shows (a popper between its tail CAS and its cell release).
+ * The late popper finishes within its next time slice, so retrying the
+ * push succeeds; bounded so that a real corruption still fails. Counted
+ * in the summary, so a run that needed it says so. */
+static int allow_efull;
+static _Atomic uint64_t efull_retried; /* a counter: publishes nothing */
+
 static void release_slot(shared_run *run, uint32_t slot) {
     give(slot, CONSUMER_ID, "FREE");
     int rc = fq_push(run->ring, FQ_FREE, slot);
+    if (rc == FQ_EFULL && allow_efull) {
+        atomic_fetch_add(&efull_retried, 1);
+        uint64_t until = fq_now_ns() + SEC;
+        while (rc == FQ_EFULL && fq_now_ns() < until) {
+            sched_yield();
+            rc = fq_push(run->ring, FQ_FREE, slot);
+        }
+    }
     if (rc != FQ_OK)
         violation("consumer: fq_push(FREE, %u) returned %s", slot,
                   status_name(rc));
@@ -831,7 +847,7 @@ static int efull_repro(void) {
 static void usage(const char *argv0) {
     fprintf(stderr,
             "usage: %s [--short|--long] [-r rounds] [-t tasks] [-p producers]"
-            " [-s max_slots] [-b slot_bytes] [-S seed]\n"
+            " [-s max_slots] [-b slot_bytes] [-S seed] [--allow-efull]\n"
             "       %s --efull-repro\n",
             argv0, argv0);
 }
@@ -849,6 +865,8 @@ int main(int argc, char **argv) {
             rounds = 96; tasks = 20000; max_producers = 8; max_slots = 16;
         } else if (!strcmp(a, "--efull-repro")) {
             return efull_repro();
+        } else if (!strcmp(a, "--allow-efull")) {
+            allow_efull = 1;
         } else if (v && !strcmp(a, "-r")) {
             rounds = (uint32_t)strtoul(v, NULL, 0); i++;
         } else if (v && !strcmp(a, "-t")) {
@@ -899,11 +917,12 @@ int main(int argc, char **argv) {
     printf("stress_ring: %s rounds=%u tasks=%" PRIu64 " slots=1..%u "
            "producers<=%u holds=%" PRIu64 " all-held-detected=%" PRIu64
            " max_window=%" PRIu64 " timeouts=%" PRIu64 "/%" PRIu64
-           " close_wake_max_ms=%.2f alert_wake_ms=%.2f violations=%u "
-           "elapsed=%.2fs\n",
+           " efull_retried=%" PRIu64 " close_wake_max_ms=%.2f"
+           " alert_wake_ms=%.2f violations=%u elapsed=%.2fs\n",
            v ? "FAIL" : "OK", rounds, tot.tasks, max_slots, max_producers,
            tot.holds, tot.detections, tot.max_window, tot.producer_timeouts,
-           tot.consumer_timeouts, close_ms, alert_ms, v,
+           tot.consumer_timeouts, atomic_load(&efull_retried), close_ms,
+           alert_ms, v,
            (double)(fq_now_ns() - start) / SEC);
     return v ? 1 : 0;
 }

@@ -1,0 +1,87 @@
+"""Fixtures that check the world after every test: no child process left,
+no ring mapping or descriptor left, nothing in /dev/shm."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # helpers.py for spawn children
+
+START_METHODS = [m for m in ("fork", "forkserver", "spawn")
+                 if m in mp.get_all_start_methods()]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("FASTQ_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set FASTQ_SLOW_TESTS=1 to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def ring_mappings() -> list[str]:
+    """This process's mappings and descriptors of fastq rings."""
+    found = []
+    with open("/proc/self/maps") as f:
+        found += [line.strip() for line in f if "fastq-ring" in line]
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "fastq-ring" in target:
+            found.append(f"fd {fd} -> {target}")
+    return found
+
+
+def child_pids() -> list[int]:
+    """Live children of this process, other than multiprocessing's own
+    helpers (the fork server and the resource tracker)."""
+    me = os.getpid()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        ppid = int(fields[1])  # zombies count: a leak is a child not reaped
+        if ppid != me:
+            continue
+        if b"forkserver" in cmd or b"resource_tracker" in cmd:
+            continue
+        out.append(int(entry))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def clean_world() -> Iterator[None]:
+    """Fails a test that leaves a worker, a ring mapping or a /dev/shm name."""
+    before_shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 3.0
+    while child_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert child_pids() == [], f"processes left behind: {child_pids()}"
+    assert ring_mappings() == [], f"ring memory left mapped: {ring_mappings()}"
+    if os.path.isdir("/dev/shm"):
+        new = set(os.listdir("/dev/shm")) - before_shm
+        assert not [n for n in new if "fastq" in n], f"/dev/shm leak: {new}"
+
+
+@pytest.fixture(params=START_METHODS)
+def start_method(request: pytest.FixtureRequest) -> str:
+    return str(request.param)

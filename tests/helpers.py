@@ -1,0 +1,178 @@
+"""Module-level sources for tests (picklable under spawn and forkserver)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterator
+
+import numpy as np
+
+import fastq
+
+IMAGE_SHAPE = (3, 5, 7)
+
+
+def expected_image(i: int) -> np.ndarray[Any, Any]:
+    """Sample i's image: every byte depends on i, so any mix-up shows."""
+    base = np.arange(np.prod(IMAGE_SHAPE), dtype=np.int64).reshape(IMAGE_SHAPE)
+    return ((base * 31 + i * 7919) % 251).astype(np.uint8)
+
+
+class PatternDataset:
+    """Sample i = (image(i), i, float(i) / 2): checkable bit for bit."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        return expected_image(i), np.int64(i), np.float32(i) / 2
+
+
+class DictDataset(PatternDataset):
+    def __getitem__(self, i: int) -> dict[str, Any]:  # type: ignore[override]
+        return {"image": expected_image(i), "index": i}
+
+
+class ArrayDataset(PatternDataset):
+    """A single array per sample (no tuple)."""
+
+    def __getitem__(self, i: int) -> Any:  # type: ignore[override]
+        return np.full(4, i, dtype=np.int32)
+
+
+class BatchedDataset(PatternDataset):
+    """Offers __getitems__, the whole-batch path (list of samples)."""
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, ...]]:
+        return [self[i] for i in indices]
+
+
+class FillDataset(PatternDataset):
+    """Offers fill_batch, the zero-copy path: writes into the slot."""
+
+    def fill_batch(self, indices: np.ndarray[Any, Any], out: tuple[Any, ...]) -> None:
+        image, index, half = out
+        for j, i in enumerate(indices):
+            image[j] = expected_image(int(i))
+        index[:] = indices
+        half[:] = indices.astype(np.float32) / 2
+
+
+class RandomDataset:
+    """Uses every source of randomness a worker offers."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        info = fastq.get_worker_info()  # None in the parent's spec probe
+        rng = np.random.default_rng() if info is None else info.rng
+        return (np.random.rand(2), np.float64(rng.random()), i)
+
+
+class NeedsArgs(Exception):
+    """Its __init__ takes two arguments: plain unpickling would fail."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+
+
+class Unpicklable(Exception):
+    def __reduce__(self) -> Any:
+        raise TypeError("cannot pickle this exception")
+
+
+def make_exception(kind: str, i: int) -> BaseException:
+    if kind == "needs-args":
+        return NeedsArgs(3, f"bad sample {i}")
+    if kind == "unpicklable":
+        return Unpicklable(f"bad sample {i}")
+    return ValueError(f"bad sample {i}")
+
+
+class FailingDataset(PatternDataset):
+    """Raises an exception of `kind` for one sample index."""
+
+    def __init__(self, n: int, bad: int, kind: str = "value") -> None:
+        super().__init__(n)
+        self.bad = bad
+        self.kind = kind
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        if i == self.bad:
+            raise make_exception(self.kind, i)
+        return super().__getitem__(i)
+
+
+class WrongShapeDataset(PatternDataset):
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        image, index, half = super().__getitem__(i)
+        if i == 5:
+            image = image[:, :2]
+        return image, index, half
+
+
+class WrongDtypeDataset(PatternDataset):
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        image, index, half = super().__getitem__(i)
+        if i == 5:
+            half = np.float64(half)
+        return image, index, half
+
+
+class SlowDataset(PatternDataset):
+    def __init__(self, n: int, delay: float) -> None:
+        super().__init__(n)
+        self.delay = delay
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        time.sleep(self.delay)
+        return super().__getitem__(i)
+
+
+class SuicideDataset(PatternDataset):
+    """Kills its own worker at one sample: a worker dying mid-batch."""
+
+    def __init__(self, n: int, bad: int, signum: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+        self.signum = signum
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        if i == self.bad:
+            os.kill(os.getpid(), self.signum)
+            time.sleep(10)
+        return super().__getitem__(i)
+
+
+def expected_batch(indices: Any) -> tuple[Any, ...]:
+    idx = np.asarray(indices, dtype=np.int64)
+    return (
+        np.stack([expected_image(int(i)) for i in idx]),
+        idx,
+        idx.astype(np.float32) / 2,
+    )
+
+
+class CountingBatches:
+    """Callable source: each worker yields `per_worker` batches whose rows
+    are (worker id, running number), then stops."""
+
+    def __init__(self, per_worker: int, rows: int = 4, endless: bool = False) -> None:
+        self.per_worker = per_worker
+        self.rows = rows
+        self.endless = endless
+
+    def __call__(self) -> Iterator[tuple[Any, ...]]:
+        info = fastq.get_worker_info()
+        wid = -1 if info is None else info.id
+        k = 0
+        while self.endless or k < self.per_worker:
+            ids = np.full(self.rows, wid, dtype=np.int64)
+            nums = np.arange(k * self.rows, (k + 1) * self.rows, dtype=np.int64)
+            yield ids, nums
+            k += 1

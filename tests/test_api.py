@@ -1,0 +1,86 @@
+"""Arguments, lifecycle and stats of the public object."""
+
+from __future__ import annotations
+
+import pytest
+
+import fastq
+from helpers import PatternDataset
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"workers": 0}, r"workers=0: expected a positive integer"),
+    ({"workers": -2}, r"workers=-2"),
+    ({"slots": 0}, r"slots=0: expected a positive integer"),
+    ({"batch_size": 0}, r"batch_size=0"),
+    ({"batch_size": None}, r"batch_size=None: a map-style source needs batch_size"),
+    ({"batch_size": 200, "drop_last": True}, r"leaves no batch"),
+    ({"timeout": -1}, r"timeout=-1"),
+    ({"start_method": "thread"}, r"start_method='thread' is not available"),
+    ({"rank": 2, "world_size": 2}, r"rank=2: expected 0 <= rank < world_size=2"),
+    ({"worker_init": 3}, r"worker_init=3"),
+])
+def test_bad_arguments_name_the_argument_and_fix(kwargs, match) -> None:  # type: ignore[no-untyped-def]
+    args = {"batch_size": 4, **kwargs}
+    with pytest.raises(fastq.ConfigError, match=match):
+        fastq.Prefetcher(PatternDataset(100), **args)
+
+
+def test_config_errors_are_value_errors() -> None:
+    with pytest.raises(ValueError):
+        fastq.Prefetcher(PatternDataset(10), batch_size=4, workers=0)
+
+
+def test_a_source_that_is_neither_kind_is_refused() -> None:
+    with pytest.raises(fastq.ConfigError, match="expected a map-style dataset"):
+        fastq.Prefetcher(42, batch_size=4)
+
+
+def test_callable_with_batch_size_is_refused() -> None:
+    with pytest.raises(fastq.ConfigError, match="batch_size does not apply"):
+        fastq.Prefetcher(lambda: iter(()), batch_size=4)
+
+
+def test_unpicklable_source_under_spawn_names_the_fix() -> None:
+    class Local(PatternDataset):  # a local class cannot be pickled
+        pass
+
+    with pytest.raises(fastq.ConfigError, match="cannot be pickled.*start_method='fork'"):
+        fastq.Prefetcher(Local(10), batch_size=2, workers=1, start_method="spawn")
+
+
+def test_closed_prefetcher_refuses_iteration() -> None:
+    pf = fastq.Prefetcher(PatternDataset(10), batch_size=2, workers=1,
+                          start_method="fork")
+    pf.close()
+    pf.close()  # idempotent
+    with pytest.raises(fastq.PrefetcherClosed):
+        iter(pf)
+
+
+def test_unclosed_prefetcher_warns_and_cleans_up() -> None:
+    pf = fastq.Prefetcher(PatternDataset(10), batch_size=2, workers=1,
+                          start_method="fork")
+    with pytest.warns(ResourceWarning, match="not closed"):
+        pf.__del__()
+    assert pf.closed
+
+
+def test_stats_report_throughput_and_workers() -> None:
+    with fastq.Prefetcher(PatternDataset(64), batch_size=4, workers=2,
+                          start_method="fork") as pf:
+        for _ in pf:
+            pass
+        s = pf.stats()
+    assert s["batches"] == 16 and s["bytes"] == 64 * pf.spec.row_bytes
+    assert 0.0 <= s["wait_share"] <= 1.0
+    assert len(s["workers"]) == 2 and sum(w["batches"] for w in s["workers"]) >= 16
+    assert all(w["pid"] > 0 for w in s["workers"])
+
+
+def test_defaults() -> None:
+    with fastq.Prefetcher(PatternDataset(10), batch_size=2) as pf:
+        assert pf.workers >= 1 and pf.slots == max(2, 2 * pf.workers)
+        assert sum(1 for _ in pf) == 5

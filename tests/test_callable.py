@@ -1,0 +1,86 @@
+"""Callable sources: each worker iterates source(); the stream ends when
+every worker's iterator ends; endless ones run until close()."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import fastq
+from helpers import CountingBatches
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_every_worker_batch_arrives_once(start_method: str, ordered: bool) -> None:
+    workers, per_worker = 3, 40
+    with fastq.Prefetcher(CountingBatches(per_worker), workers=workers, slots=2,
+                          ordered=ordered, start_method=start_method) as pf:
+        seen = collections.defaultdict(list)
+        for ids, nums in pf:
+            assert len(set(ids.tolist())) == 1
+            seen[int(ids[0])].append(nums.copy())
+    assert sorted(seen) == list(range(workers))
+    for batches in seen.values():
+        got = np.concatenate(batches)
+        np.testing.assert_array_equal(got, np.arange(per_worker * 4))  # in order
+
+
+def test_each_for_loop_is_a_new_pass() -> None:
+    with fastq.Prefetcher(CountingBatches(5), workers=2, start_method="fork") as pf:
+        assert sum(1 for _ in pf) == 10
+        assert sum(1 for _ in pf) == 10
+
+
+def test_breaking_a_pass_restarts_the_iterators() -> None:
+    with fastq.Prefetcher(CountingBatches(50), workers=2, slots=3,
+                          start_method="fork") as pf:
+        for k, _ in enumerate(pf):
+            if k == 3:
+                break
+        firsts = collections.Counter()
+        total = 0
+        for ids, nums in pf:
+            total += 1
+            if nums[0] == 0:
+                firsts[int(ids[0])] += 1
+        assert total == 100
+        assert firsts == {0: 1, 1: 1}
+
+
+def test_endless_source_runs_until_close() -> None:
+    pf = fastq.Prefetcher(CountingBatches(0, endless=True), workers=2,
+                          start_method="fork")
+    with pf:
+        for k, _ in enumerate(pf):
+            if k == 500:
+                break
+    assert pf.closed
+
+
+def test_smaller_batches_are_allowed() -> None:
+    def shrinking():  # type: ignore[no-untyped-def]
+        for rows in (4, 3, 1):
+            yield np.zeros((rows, 2), np.float32)
+
+    with fastq.Prefetcher(shrinking, workers=1, start_method="fork") as pf:
+        assert [b.shape[0] for b in pf] == [4, 3, 1]
+
+
+def test_bigger_batch_than_the_first_is_a_spec_error() -> None:
+    def growing():  # type: ignore[no-untyped-def]
+        for rows in (2, 3):
+            yield np.zeros((rows, 2), np.float32)
+
+    with fastq.Prefetcher(growing, workers=1, start_method="fork") as pf:
+        with pytest.raises(fastq.SpecError, match="3 rows, more than the 2"):
+            list(pf)
+
+
+def test_len_is_undefined_for_callables() -> None:
+    with fastq.Prefetcher(CountingBatches(1), workers=1, start_method="fork") as pf:
+        with pytest.raises(TypeError):
+            len(pf)

@@ -1,0 +1,63 @@
+"""A worker's exception or death reaches the consumer promptly, and nothing
+is left behind (the autouse clean_world fixture checks processes and
+memory after each test)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+import fastq
+from helpers import FailingDataset, PatternDataset, SuicideDataset
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("kind,type_name", [
+    ("value", "ValueError"),
+    ("needs-args", "NeedsArgs"),
+    ("unpicklable", "Unpicklable"),
+])
+def test_user_exception_becomes_worker_error(start_method: str, kind: str,
+                                             type_name: str) -> None:
+    ds = FailingDataset(40, bad=13, kind=kind)
+    with fastq.Prefetcher(ds, batch_size=4, workers=2, start_method=start_method) as pf:
+        got = []
+        with pytest.raises(fastq.WorkerError) as info:
+            for batch in pf:
+                got.append(batch[1].tolist())
+    err = info.value
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # earlier batches arrive
+    assert err.task == 3 and err.sample == 13 and err.worker in (0, 1)
+    assert type_name in str(err) and "sample 13" in str(err)
+    assert "Traceback" in err.remote_traceback and "__getitem__" in err.remote_traceback
+    assert pf.closed
+
+
+def test_worker_init_failure_is_reported() -> None:
+    with fastq.Prefetcher(PatternDataset(8), batch_size=2, workers=2,
+                          worker_init=failing_init, start_method="fork") as pf:
+        with pytest.raises(fastq.WorkerError, match="init failed in worker"):
+            list(pf)
+
+
+def failing_init(worker_id: int) -> None:
+    raise RuntimeError(f"init failed in worker {worker_id}")
+
+
+@pytest.mark.parametrize("signum,name", [(signal.SIGKILL, "SIGKILL"),
+                                         (signal.SIGSEGV, "SIGSEGV")])
+def test_killed_worker_raises_worker_died_promptly(start_method: str, signum, name) -> None:  # type: ignore[no-untyped-def]
+    with fastq.Prefetcher(SuicideDataset(100, bad=21, signum=signum), batch_size=4,
+                          workers=2, start_method=start_method) as pf:
+        t0 = time.monotonic()
+        with pytest.raises(fastq.WorkerDied) as info:
+            for _ in pf:
+                t0 = time.monotonic()
+    assert time.monotonic() - t0 < 1.0
+    msg = str(info.value)
+    assert name in msg and "pid" in msg and "batch 5" in msg
+    if name == "SIGKILL":
+        assert "out-of-memory" in msg
