@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import wait
+from collections.abc import Iterator
 from typing import Any
 
 from ._ring import Ring
@@ -81,6 +83,22 @@ def _exit_description(exitcode: int | None) -> tuple[str, str]:
     )
 
 
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Children start with SIGINT ignored (the disposition survives fork and
+    exec), so a Ctrl+C while a worker boots cannot print its traceback; the
+    worker keeps ignoring it, and the consumer alone handles Ctrl+C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        # A Ctrl+C that arrived meanwhile was dropped; the next one works.
+
+
 class WorkerPool:
     """Starts the workers and watches them; a death alerts the consumer."""
 
@@ -110,7 +128,8 @@ class WorkerPool:
     @staticmethod
     def _start(p: Any, ctx: Any) -> None:
         try:
-            p.start()
+            with _sigint_ignored():
+                p.start()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             method = ctx.get_start_method()
             raise ConfigError(

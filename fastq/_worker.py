@@ -95,9 +95,12 @@ def _isolate_from_terminal() -> None:
 
 def _die_with_consumer(consumer_pid: int, death_signal: bool) -> None:
     """Makes sure this worker never outlives the consumer process."""
-    if death_signal and sys.platform.startswith("linux") and os.getppid() == consumer_pid:
-        # PR_SET_PDEATHSIG fires when the parent *thread* exits, so it is
-        # only used when the consumer's main thread created us.
+    parent = os.getppid()
+    # PR_SET_PDEATHSIG: the kernel kills us when our parent *thread* exits,
+    # even while user code holds the GIL. The parent is the consumer (fork,
+    # spawn: exact only if its main thread started us) or the fork server
+    # (single-threaded, and it exits when the consumer does).
+    if sys.platform.startswith("linux") and (parent != consumer_pid or death_signal):
         try:
             import ctypes
 
@@ -105,10 +108,10 @@ def _die_with_consumer(consumer_pid: int, death_signal: bool) -> None:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass
-    if os.getppid() != consumer_pid and not _alive(consumer_pid):
+    # The parent may have died before prctl took effect.
+    if os.getppid() != parent or not _alive(consumer_pid):
         os._exit(1)
-    # Covers every start method (a forkserver worker's parent is the fork
-    # server, not the consumer) and a stuck user function: a thread that
+    # For every start method and without the kernel's help: a thread that
     # wakes the moment the consumer exits and kills this process.
     threading.Thread(
         target=_watch_consumer, args=(consumer_pid,), name="fastq-consumer-watch",

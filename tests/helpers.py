@@ -134,6 +134,20 @@ class SlowDataset(PatternDataset):
         return super().__getitem__(i)
 
 
+class StuckDataset(PatternDataset):
+    """Never returns sample `stuck`: user code hung (a dead NFS mount, a lock)."""
+
+    def __init__(self, n: int, stuck: int) -> None:
+        super().__init__(n)
+        self.stuck = stuck
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        if i == self.stuck:
+            while True:
+                time.sleep(3600)
+        return super().__getitem__(i)
+
+
 class SuicideDataset(PatternDataset):
     """Kills its own worker at one sample: a worker dying mid-batch."""
 

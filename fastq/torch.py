@@ -1,0 +1,460 @@
+"""PyTorch interop: batches as tensors over the ring's slots, a page-locked
+ring with copies to the GPU on a side stream, and an IterableDataset adapter.
+Importing this module imports torch; ``import fastq`` alone never does."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import weakref
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+try:
+    import torch
+    import torch.utils.data
+except ImportError as exc:  # pragma: no cover - exercised without torch only
+    raise ImportError(
+        "fastq.torch needs PyTorch, which is not installed; install it with "
+        "pip install 'fastq[torch]' (or pip install torch)"
+    ) from exc
+
+from ._prefetcher import Prefetcher
+from ._ring import Ring
+from .errors import ConfigError, SharedMemoryError, SpecError
+
+__all__ = ["IterableDataset", "TorchPrefetcher"]
+
+# cudaHostRegisterPortable: the ring counts as pinned in every CUDA context
+# of the process, not only the current device's (torch pins shared memory
+# with the same flag).
+_HOST_REGISTER_PORTABLE = 1
+
+_PREFETCHER_SIGNATURE = inspect.signature(Prefetcher.__init__)
+
+
+def _bind_prefetcher_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Prefetcher's arguments by name; TypeError before any process starts
+    if they do not fit its signature."""
+    bound = _PREFETCHER_SIGNATURE.bind(None, *args, **kwargs)
+    return dict(bound.arguments)
+
+
+def _resolve_device(
+    device: Any, pin_memory: bool | None
+) -> tuple[torch.device | None, bool]:
+    """(CUDA device or None for CPU tensors, whether to page-lock the ring),
+    or ConfigError naming the option and the fix."""
+    dev: torch.device | None = None
+    if device is not None:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"device={device!r}: not a torch device ({exc}); use 'cuda', "
+                "'cuda:1', a torch.device, or None for CPU tensors"
+            ) from None
+        if dev.type == "cpu":
+            dev = None
+        elif dev.type != "cuda":
+            raise ConfigError(
+                f"device={device!r}: fastq copies batches to CUDA devices only; "
+                "use device='cuda' (or 'cuda:N'), or leave device=None and move "
+                "the CPU tensors yourself"
+            )
+    if pin_memory is not None and not isinstance(pin_memory, bool):
+        raise ConfigError(f"pin_memory={pin_memory!r}: expected True, False or None")
+    pin = dev is not None if pin_memory is None else pin_memory
+    if dev is None and not pin:
+        return None, False
+    if not torch.cuda.is_available():
+        option = f"device={device!r}" if dev is not None else "pin_memory=True"
+        name = "device" if dev is not None else "pin_memory"
+        why = (
+            f"this torch build ({torch.__version__}) has no CUDA support"
+            if torch.version.cuda is None
+            else "no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES)"
+        )
+        raise ConfigError(
+            f"{option} needs CUDA, but torch.cuda.is_available() is False: {why}. "
+            f"Leave {name} unset to get CPU tensors straight from the ring (they "
+            "need no pinning), or run on a machine with a GPU and a CUDA build "
+            "of torch"
+        )
+    if dev is not None and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device={device!r}: this process sees {torch.cuda.device_count()} "
+            "CUDA device(s); use an index below that (under torchrun, usually "
+            "device=f'cuda:{LOCAL_RANK}')"
+        )
+    return dev, pin
+
+
+def _slot_owner(leaf: np.ndarray[Any, Any]) -> Any:
+    """The object at the end of a slot view's base chain: its SlotLease."""
+    owner: Any = leaf
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    return owner
+
+
+class _Cuda:
+    """The CUDA side of a TorchPrefetcher: the ring's page-locked
+    registration, the copy stream, and slots waiting on GPU work.
+
+    A slot whose bytes a queued copy still has to read stays leased until
+    that copy's event has completed: ``pending`` holds (event, lease
+    holder) in the order the events were recorded. It never references the
+    prefetcher, so batch finalizers keep nothing else alive.
+    """
+
+    def __init__(self, device: torch.device, copy_stream: bool) -> None:
+        self.device = device
+        self.pending: deque[tuple[torch.cuda.Event, Any]] = deque()
+        self.closed = False
+        self._host: np.ndarray[Any, Any] | None = None
+        with torch.cuda.device(device):
+            self.stream = torch.cuda.Stream(device) if copy_stream else None
+
+    # ------------------------------------------------------------ pinning
+
+    def register(self, mapping: Any) -> None:
+        """Page-locks the whole ring once, so copies from any slot are DMA
+        transfers with no staging copy."""
+        # The array keeps the mapping exported (it cannot be closed) for as
+        # long as it is registered.
+        host = np.frombuffer(mapping, dtype=np.uint8)
+        cudart = torch.cuda.cudart()
+        with torch.cuda.device(self.device):
+            err = int(cudart.cudaHostRegister(
+                host.ctypes.data, host.nbytes, _HOST_REGISTER_PORTABLE
+            ))
+        if err != 0:
+            raise SharedMemoryError(
+                f"pin_memory=True: cudaHostRegister could not page-lock the "
+                f"{host.nbytes}-byte ring ({torch.cuda.CudaError(err)}). Lower "
+                "slots= or batch_size=, or pass pin_memory=False (copies then "
+                "go through CUDA's staging buffers)"
+            )
+        self._host = host
+
+    @property
+    def registered(self) -> bool:
+        return self._host is not None
+
+    # -------------------------------------------------------------- slots
+
+    def reap(self) -> None:
+        """Returns the slots whose GPU work is done (events complete in the
+        order they were recorded on one stream, so the oldest goes first)."""
+        pending = self.pending
+        while pending and pending[0][0].query():
+            pending.popleft()
+
+    def wait_oldest(self) -> None:
+        if self.pending:
+            self.pending[0][0].synchronize()
+            self.reap()
+
+    def to_device(self, leaves: list[np.ndarray[Any, Any]]) -> list[torch.Tensor]:
+        """Queues the leaves' copies to the device on the copy stream; the
+        consumer's stream waits for them, and the slot stays leased until
+        they are done."""
+        self.reap()
+        consumer = torch.cuda.current_stream(self.device)
+        assert self.stream is not None
+        with torch.cuda.stream(self.stream):
+            out = [torch.from_numpy(a).to(self.device, non_blocking=True) for a in leaves]
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        consumer.wait_event(done)
+        for t in out:
+            # Allocated on the copy stream, used on the consumer's: the
+            # allocator must not hand their memory to the next copy while
+            # the consumer's queued work still reads it.
+            t.record_stream(consumer)
+        self.pending.append((done, leaves))
+        return out
+
+    def pinned_tensors(
+        self, leaves: list[np.ndarray[Any, Any]], offsets: list[int]
+    ) -> list[torch.Tensor]:
+        """CPU tensors over the page-locked slot. When the last of them is
+        garbage the slot is not freed at once: an event is recorded on the
+        current stream, so a non_blocking copy queued from them finishes
+        reading before a worker may overwrite the slot."""
+        self.reap()
+        owner = _slot_owner(leaves[0])
+        # One array over the slot that every leaf views: its finalizer
+        # runs when the last tensor (hence the last leaf) is garbage.
+        whole = np.frombuffer(owner, dtype=np.uint8)
+        views = [
+            np.ndarray(a.shape, a.dtype, buffer=whole, offset=off)
+            for a, off in zip(leaves, offsets)
+        ]
+        fin = weakref.finalize(whole, _defer_release, self, owner)
+        fin.atexit = False
+        return [torch.from_numpy(v) for v in views]
+
+    # ---------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """Waits for every queued copy from the ring, then unpins it."""
+        self.closed = True
+        try:
+            if self.registered or self.pending:
+                # Copies the user queued from pinned batches are not all in
+                # `pending` yet (their tensors may be alive): the ring must
+                # not be unpinned under a DMA in flight.
+                torch.cuda.synchronize(self.device)
+        finally:
+            self.pending.clear()
+            host, self._host = self._host, None
+            if host is not None:
+                err = int(torch.cuda.cudart().cudaHostUnregister(host.ctypes.data))
+                if err != 0:
+                    raise SharedMemoryError(
+                        f"cudaHostUnregister failed on the ring "
+                        f"({torch.cuda.CudaError(err)})"
+                    )
+
+
+def _defer_release(cuda: _Cuda, owner: Any) -> None:
+    """Finalizer of a pinned batch: keeps its slot until the GPU work queued
+    so far on the current stream has run. Runs in whichever thread dropped
+    the last tensor; never raises."""
+    if cuda.closed:
+        return  # close() synchronised the device; dropping `owner` frees it
+    try:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(cuda.device))
+    except Exception:  # interpreter or CUDA shutting down: nothing to wait for
+        return
+    cuda.pending.append((event, owner))
+
+
+class TorchPrefetcher(Prefetcher):
+    """A :class:`fastq.Prefetcher` that yields torch tensors: CPU tensors
+    over the ring's slots (no copy), page-locked when ``pin_memory=True``,
+    or tensors already on a CUDA device.
+
+    Every argument of :class:`fastq.Prefetcher` is accepted as there.
+    Batches keep the source's structure (a tensor, a tuple or a dict of
+    tensors).
+
+    Parameters
+    ----------
+    source, batch_size, *args, **kwargs
+        As for :class:`fastq.Prefetcher`.
+    pin_memory : bool or None
+        Page-lock the whole ring once (``cudaHostRegister``), so CPU batches
+        are pinned and ``.to('cuda', non_blocking=True)`` copies them by DMA
+        straight from their slot. A slot is freed only after the work queued
+        on the current CUDA stream when its last tensor was dropped has run.
+        Default (None): True when ``device`` is a CUDA device, else False.
+    device : str or torch.device, optional
+        ``'cuda'``, ``'cuda:N'`` or a torch.device: yield batches already on
+        that GPU, copied asynchronously on a side stream. The current stream
+        waits for the copy, and the slot is freed once the copy's event has
+        completed. None or ``'cpu'``: CPU tensors.
+
+    Raises
+    ------
+    ConfigError
+        As Prefetcher; also ``pin_memory=True`` or a CUDA ``device`` without
+        CUDA, a non-CUDA device, or ``copy=True`` with either of them.
+    SpecError
+        A field's dtype has no torch equivalent.
+    SharedMemoryError
+        As Prefetcher; also the ring cannot be page-locked.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int | None = None,
+        *args: Any,
+        pin_memory: bool | None = None,
+        device: str | torch.device | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # Everything that can be refused is refused before a worker starts.
+        self._cuda: _Cuda | None = None
+        arguments = _bind_prefetcher_args((source, batch_size, *args), kwargs)
+        dev, pin = _resolve_device(device, pin_memory)
+        if (dev is not None or pin) and arguments.get("copy", False):
+            option = f"device={device!r}" if dev is not None else "pin_memory=True"
+            raise ConfigError(
+                f"copy=True with {option}: copies are made outside the ring, so "
+                "they are neither pinned nor needed (GPU batches never alias a "
+                "slot); drop copy=True"
+            )
+        self.device = dev
+        self.pin_memory = pin
+        super().__init__(source, batch_size, *args, **kwargs)
+        self._offsets = [f.offset for f in self._spec.fields]
+        try:
+            self._check_dtypes()
+            if dev is not None or pin:
+                # CUDA is touched only now, after the workers have started.
+                if dev is None or dev.index is None:
+                    cuda_dev = torch.device("cuda", torch.cuda.current_device())
+                else:
+                    cuda_dev = dev
+                if dev is not None:
+                    self.device = cuda_dev
+                self._cuda = _Cuda(cuda_dev, copy_stream=dev is not None)
+                if pin:
+                    assert self._region is not None
+                    self._cuda.register(self._region.mapping)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_dtypes(self) -> None:
+        for f in self._spec.fields:
+            try:
+                torch.from_numpy(np.empty(0, dtype=f.dtype))
+            except TypeError:
+                raise SpecError(
+                    f"field {f.name!r}: dtype {f.dtype} has no torch equivalent; "
+                    "produce a numeric dtype torch supports (e.g. float32, "
+                    "int64, uint8, bool), or use fastq.Prefetcher for numpy "
+                    "batches"
+                ) from None
+
+    # ------------------------------------------------------------ batches
+
+    def _hand_out(self, slot: int, header: tuple[Any, ...]) -> Any:
+        batch = super()._hand_out(slot, header)
+        leaves = self._spec.flatten(batch, "a batch")
+        del batch
+        cuda = self._cuda
+        if cuda is None:
+            # The tensors keep the numpy views alive, and with them the
+            # lease: the slot returns when the last tensor is garbage.
+            tensors = [torch.from_numpy(a) for a in leaves]
+        elif self.device is not None:
+            tensors = cuda.to_device(leaves)
+        else:
+            tensors = cuda.pinned_tensors(leaves, self._offsets)
+        if self._spec.structure is None:
+            return tensors[0]
+        return self._spec.unflatten(tensors)
+
+    def _wait_ready(self, ring: Ring) -> int:
+        cuda = self._cuda
+        if cuda is not None:
+            cuda.reap()
+            # Slots that only wait for GPU work would make the core report
+            # SlotsExhausted; wait for that work instead, oldest first.
+            while cuda.pending and ring.leased + len(self._window) >= ring.nslots:
+                cuda.wait_oldest()
+        return super()._wait_ready(ring)
+
+    # ---------------------------------------------------------- lifecycle
+
+    def close(self) -> None:
+        """As :meth:`fastq.Prefetcher.close`; with pin_memory or a device,
+        first waits for the copies queued from the ring, then unpins it."""
+        cuda = getattr(self, "_cuda", None)
+        if cuda is None or self._closed or os.getpid() != self._pid:
+            super().close()
+            return
+        try:
+            cuda.close()
+        finally:
+            super().close()
+
+    def __enter__(self) -> TorchPrefetcher:
+        return self
+
+
+def _refuse_dataloader_worker() -> None:
+    if torch.utils.data.get_worker_info() is not None:
+        raise ConfigError(
+            "fastq.torch.IterableDataset is being iterated inside a DataLoader "
+            "worker process; fastq runs its own workers, so load it in the "
+            "main process: DataLoader(dataset, batch_size=None, num_workers=0), "
+            "or dataset.loader()"
+        )
+
+
+def _keep(batch: Any) -> Any:
+    return batch
+
+
+class IterableDataset(torch.utils.data.IterableDataset[Any]):
+    """A ``torch.utils.data.IterableDataset`` whose items are whole batches
+    from a :class:`TorchPrefetcher`, for code that expects a DataLoader
+    (Lightning's ``train_dataloader``, a trainer's ``DataLoader`` argument).
+
+    Takes the arguments of :class:`TorchPrefetcher`. The prefetcher (its
+    workers, its ring, and its rank and world size) is created on first
+    use (``iter`` or ``len``), in the process that uses it, and persists:
+    each ``iter()`` is the next epoch. Until then the adapter pickles like
+    its arguments (e.g. for ``ddp_spawn``); once started it refuses to be
+    pickled.
+
+    Give it to a DataLoader with ``batch_size=None`` and ``num_workers=0``
+    (or use :meth:`loader`): items already are batches, and fastq's own
+    workers do the loading. Leave the DataLoader's ``pin_memory`` False and
+    use fastq's: DataLoader would copy every batch again.
+    """
+
+    def __init__(self, source: Any, batch_size: int | None = None, *args: Any,
+                 **kwargs: Any) -> None:
+        pin_memory = kwargs.pop("pin_memory", None)
+        device = kwargs.pop("device", None)
+        _bind_prefetcher_args((source, batch_size, *args), kwargs)
+        _resolve_device(device, pin_memory)
+        self._args = (source, batch_size, *args)
+        self._kwargs = dict(kwargs, pin_memory=pin_memory, device=device)
+        self._prefetcher: TorchPrefetcher | None = None
+
+    @property
+    def prefetcher(self) -> TorchPrefetcher:
+        """The TorchPrefetcher behind the adapter, created on first use."""
+        if self._prefetcher is None:
+            _refuse_dataloader_worker()
+            self._prefetcher = TorchPrefetcher(*self._args, **self._kwargs)
+        return self._prefetcher
+
+    def __iter__(self) -> Iterator[Any]:
+        _refuse_dataloader_worker()
+        return iter(self.prefetcher)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (map-style sources only)."""
+        return len(self.prefetcher)
+
+    def loader(self, **kwargs: Any) -> torch.utils.data.DataLoader[Any]:
+        """A DataLoader over this adapter that passes batches through as
+        they are (tuples stay tuples); keyword arguments go to DataLoader."""
+        opts: dict[str, Any] = {"batch_size": None, "num_workers": 0, "collate_fn": _keep}
+        opts.update(kwargs)
+        return torch.utils.data.DataLoader(self, **opts)
+
+    def close(self) -> None:
+        """Closes the prefetcher, if it was started."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+
+    def __enter__(self) -> IterableDataset:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._prefetcher is not None:
+            raise ConfigError(
+                "this fastq.torch.IterableDataset has started its workers and "
+                "cannot be pickled (a DataLoader with num_workers > 0, or a "
+                "spawned process, would copy it); pickle it before its first "
+                "iter()/len(), or use DataLoader(..., num_workers=0)"
+            )
+        return self.__dict__.copy()

@@ -1,0 +1,2 @@
+"""Spawn-safe sources and scripts for the torch tests (torch-free, so
+fastq's workers never import torch for them)."""

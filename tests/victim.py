@@ -1,0 +1,79 @@
+"""A consumer process for fault tests: `python victim.py SCENARIO METHOD`.
+
+Prints one JSON line with its workers' pids (and its fork server's, if any),
+then runs SCENARIO until the test kills or interrupts it. Output on stdout
+and stderr is what the test inspects."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import fastq  # noqa: E402
+from helpers import PatternDataset, StuckDataset  # noqa: E402
+
+
+def children() -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                        out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+def announce(pf: fastq.Prefetcher) -> None:
+    # Wait (bounded) until every worker has attached to the ring.
+    deadline = time.monotonic() + 15
+    ring = pf._ring
+    while time.monotonic() < deadline and not all(
+        ring.worker_stats(w)[4] for w in range(pf.workers)
+    ):
+        time.sleep(0.01)
+    servers = [p for p in children() if p not in pf._pool.pids]  # the fork server
+    print(json.dumps({"workers": pf._pool.pids, "others": servers}), flush=True)
+
+
+def main(scenario: str, method: str) -> None:
+    if scenario == "killed-consumer":
+        # The worker on batch 0 is stuck in user code (sample 1); the others fill the
+        # ring and wait for a free slot.
+        pf = fastq.Prefetcher(StuckDataset(1000, stuck=1), batch_size=2, workers=3,
+                              slots=2, start_method=method)
+        announce(pf)
+        time.sleep(0.3)  # let workers reach their states
+        time.sleep(60)
+    elif scenario == "sigint-waiting":
+        with fastq.Prefetcher(StuckDataset(1000, stuck=1), batch_size=2, workers=2,
+                              start_method=method) as pf:
+            announce(pf)
+            print("waiting", flush=True)
+            for _ in pf:
+                pass
+    elif scenario == "sigint-in-body":
+        with fastq.Prefetcher(PatternDataset(1000), batch_size=2, workers=2,
+                              start_method=method) as pf:
+            announce(pf)
+            for _ in pf:
+                print("in body", flush=True)
+                time.sleep(60)
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+
+
+if __name__ == "__main__":
+    mp.set_start_method(sys.argv[2])
+    try:
+        main(sys.argv[1], sys.argv[2])
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt caught once", flush=True)
+        sys.exit(130)
