@@ -190,3 +190,26 @@ class CountingBatches:
             nums = np.arange(k * self.rows, (k + 1) * self.rows, dtype=np.int64)
             yield ids, nums
             k += 1
+
+
+class ChecksumDataset:
+    """Sample i = (a (8, 16) uint8 block filled with i % 251, i), with an
+    occasional short random delay: cheap to produce and to verify."""
+
+    def __init__(self, n: int, delay_every: int = 97, delay: float = 0.0005) -> None:
+        self.n = n
+        self.delay_every = delay_every
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        if self.delay and (i * 2654435761) % self.delay_every == 0:
+            time.sleep(self.delay)
+        return np.full((8, 16), i % 251, np.uint8), i
+
+
+def checksum_ok(batch: tuple[Any, ...]) -> bool:
+    block, index = batch
+    return bool((block == (index % 251).astype(np.uint8)[:, None, None]).all())

@@ -1,0 +1,111 @@
+"""Sharding across ranks under `torchrun --nproc_per_node=2` (gloo, CPU):
+DistributedSampler's semantics, with rank and world size found on their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.torch]
+
+HERE = Path(__file__).resolve().parent
+N = 101
+
+
+def torchrun(script: Path, *args: str, timeout: float, nproc: int = 2) -> None:
+    """Runs `script` under torchrun in its own process group, killed whole
+    if it outlives `timeout`."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]),
+               OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", str(script), *args]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # stragglers of a failed run
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, out.decode(errors="replace")[-6000:]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("ddp")
+    torchrun(HERE / "torch_helpers" / "ddp_shards.py", str(out), timeout=100)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def interleave(a: list[int], b: list[int]) -> list[int]:
+    """The epoch's global order, from rank 0's and rank 1's shares."""
+    return [x for pair in zip(a, b) for x in pair]
+
+
+def check_padded_epochs(r0: dict[str, Any], r1: dict[str, Any]) -> None:
+    assert [r0["rank"], r1["rank"]] == [0, 1]
+    assert r0["world_size"] == r1["world_size"] == 2
+    assert r0["len"] == r1["len"] == 7  # ceil(ceil(101 / 2) / 8) batches per rank
+    orders = []
+    for e0, e1 in zip(r0["epochs"], r1["epochs"]):
+        assert len(e0) == len(e1) == 51
+        # Padding by wrap-around: 102 places for 101 samples, the one extra
+        # being the epoch's first sample, repeated last on rank 1.
+        order = interleave(e0, e1)
+        assert sorted(order[:N]) == list(range(N)), "ranks overlap or miss samples"
+        assert order[N] == order[0]
+        assert set(e0).isdisjoint(e1[:-1])
+        orders.append(order[:N])
+    assert orders[0] != list(range(N)), "shuffle=True did not shuffle"
+    assert orders[0] != orders[1], "two epochs had the same order"
+
+
+@pytest.mark.timeout(120)
+def test_ranks_from_environment_shard_like_distributed_sampler(
+    ranks: list[dict[str, Any]],
+) -> None:
+    check_padded_epochs(ranks[0]["env"], ranks[1]["env"])
+
+
+@pytest.mark.timeout(120)
+def test_ranks_from_torch_distributed_shard_like_distributed_sampler(
+    ranks: list[dict[str, Any]],
+) -> None:
+    # The environment said RANK=0 WORLD_SIZE=1 on both; torch.distributed won.
+    check_padded_epochs(ranks[0]["dist"], ranks[1]["dist"])
+    # The same default seed on every rank, whether it came from env or dist.
+    assert ranks[0]["dist"]["epochs"] == ranks[0]["env"]["epochs"]
+
+
+@pytest.mark.timeout(120)
+def test_drop_last_shards(ranks: list[dict[str, Any]]) -> None:
+    r0, r1 = ranks[0]["drop_last"], ranks[1]["drop_last"]
+    assert r0["len"] == r1["len"] == 10  # 101 // 2 = 50 samples, 5 per batch
+    orders = []
+    for e0, e1 in zip(r0["epochs"], r1["epochs"]):
+        assert len(e0) == len(e1) == 50
+        assert set(e0).isdisjoint(e1)
+        order = interleave(e0, e1)
+        assert len(set(order)) == 100  # the whole epoch less the one-sample tail
+        orders.append(order)
+    assert orders[0] != orders[1]
+    assert sorted(orders[0]) != list(range(100)), "the dropped tail was not random"
+
+
+@pytest.mark.timeout(120)
+def test_adapter_shards_through_a_dataloader(ranks: list[dict[str, Any]]) -> None:
+    check_padded_epochs(ranks[0]["adapter"], ranks[1]["adapter"])
