@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._ring import Ring
+from ._shm import SharedFd, anonymous_file
 from ._worker import WorkerConfig, worker_main
 from .errors import ConfigError, WorkerDied
 
@@ -109,8 +110,12 @@ class WorkerPool:
         self._closing = False
         self.processes: list[Any] = []
         self._stop_r, self._stop_w = os.pipe()
+        self._stack_fds: list[int] = []
         try:
             for cfg in configs:
+                fd = anonymous_file("fastq-stack")
+                self._stack_fds.append(fd)
+                cfg.stack_file = SharedFd(fd)
                 p = ctx.Process(
                     target=worker_main, args=(cfg,),
                     name=f"fastq-worker-{cfg.worker_id}", daemon=True,
@@ -142,6 +147,27 @@ class WorkerPool:
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
+
+    def stack_of(self, wid: int) -> str:
+        """The worker's Python stack, dumped by its faulthandler on SIGUSR1;
+        empty if it cannot be had within a fraction of a second."""
+        fd = self._stack_fds[wid]
+        before = os.fstat(fd).st_size
+        try:
+            os.kill(self.processes[wid].pid, signal.SIGUSR1)
+        except OSError:
+            return ""
+        # The dump is written from the signal handler in microseconds; the
+        # bound only covers a worker that is not scheduled right away.
+        deadline = time.monotonic() + 0.5
+        size = before
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            now = os.fstat(fd).st_size
+            if now > before and now == size:
+                break
+            size = now
+        return os.pread(fd, size - before, before).decode(errors="replace")
 
     def _watch(self) -> None:
         sentinels = {p.sentinel: i for i, p in enumerate(self.processes)}
@@ -188,5 +214,6 @@ class WorkerPool:
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.join(1.0)
-        os.close(self._stop_r)
-        os.close(self._stop_w)
+        for fd in [self._stop_r, self._stop_w, *self._stack_fds]:
+            os.close(fd)
+        self._stack_fds = []

@@ -497,17 +497,13 @@ class Prefetcher:
         if stuck is not None:
             pid = self._pool.pids[stuck]
             task = dict(holders)[stuck]
-            detail = (f": worker {stuck} (pid {pid}) has been on batch {task}; its "
-                      "Python stack follows on stderr")
-            if hasattr(signal, "SIGUSR1"):
-                try:
-                    os.kill(pid, signal.SIGUSR1)  # faulthandler in the worker
-                    time.sleep(0.05)  # let the dump reach stderr before we exit
-                except OSError:
-                    pass
+            stack = self._pool.stack_of(stuck).strip()
+            detail = f": worker {stuck} (pid {pid}) is still on batch {task}"
+            if stack:
+                detail += f". Its Python stack:\n{stack}\n"
         return FetchTimeout(
-            f"no batch within timeout={self.timeout} s{detail}. Raise timeout= "
-            "if batches are legitimately slow",
+            f"no batch within timeout={self.timeout} s{detail}\nRaise timeout= "
+            "if batches are legitimately slow.",
             worker=stuck, task=wanted if wanted is not None else -1,
         )
 

@@ -63,12 +63,13 @@ def _cgroup_headroom() -> int | None:
     return None
 
 
-def _open_anonymous(nbytes: int) -> int:
+def anonymous_file(name: str) -> int:
+    """A descriptor of a nameless file in memory, to share with workers."""
     if hasattr(os, "memfd_create"):
-        return os.memfd_create("fastq-ring", os.MFD_CLOEXEC)
+        return os.memfd_create(name, os.MFD_CLOEXEC)
     # Fallback where memfd does not exist: a file that is unlinked before it
     # is ever used, so it has no name to leak; workers get its descriptor.
-    f = tempfile.TemporaryFile(prefix="fastq-ring-")
+    f = tempfile.TemporaryFile(prefix=f"{name}-")
     fd = os.dup(f.fileno())
     f.close()
     return fd
@@ -114,7 +115,7 @@ class Region:
         available = available_memory()
         if available is not None and size > available:
             raise SharedMemoryError(_short_message(size, available))
-        fd = _open_anonymous(size)
+        fd = anonymous_file("fastq-ring")
         try:
             os.ftruncate(fd, size)
             # Reserve every page now: a tmpfs page that cannot be allocated

@@ -55,11 +55,12 @@ class WorkerConfig:
     consumer_pid: int
     threads: int | None
     death_signal: bool  # the consumer's main thread started us: PDEATHSIG is exact
+    stack_file: SharedFd | None = None  # where SIGUSR1 dumps the Python stack
 
 
 def worker_main(cfg: WorkerConfig) -> None:
     """Runs in the worker process; returns when the ring closes."""
-    _isolate_from_terminal()
+    _isolate_from_terminal(cfg.stack_file)
     _die_with_consumer(cfg.consumer_pid, cfg.death_signal)
     _limit_threads(cfg.threads)
     ring = Ring.attach(Region.attach(cfg.region, cfg.region_size).mapping)
@@ -83,14 +84,19 @@ def worker_main(cfg: WorkerConfig) -> None:
         producer.run_callable()
 
 
-def _isolate_from_terminal() -> None:
+def _isolate_from_terminal(stack_file: SharedFd | None) -> None:
     # Ctrl+C goes to the whole process group; the consumer alone handles it
     # and tears the workers down, so they must not print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # On a FetchTimeout the consumer asks for this worker's stack with
-    # SIGUSR1; it goes to stderr, which the worker shares with the consumer.
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    # On a FetchTimeout the consumer asks for this worker's Python stack with
+    # SIGUSR1 and reads it from this file into the error message.
+    if stack_file is not None and hasattr(signal, "SIGUSR1"):
+        global _stack_file
+        _stack_file = os.fdopen(stack_file.fd, "w")
+        faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
+
+
+_stack_file: Any = None  # kept open for faulthandler's lifetime
 
 
 def _die_with_consumer(consumer_pid: int, death_signal: bool) -> None:

@@ -31,13 +31,13 @@ def ring_mappings() -> list[str]:
     """This process's mappings and descriptors of fastq rings."""
     found = []
     with open("/proc/self/maps") as f:
-        found += [line.strip() for line in f if "fastq-ring" in line]
+        found += [line.strip() for line in f if "fastq-" in line]
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if "fastq-ring" in target:
+        if "fastq-" in target:
             found.append(f"fd {fd} -> {target}")
     return found
 

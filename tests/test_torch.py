@@ -261,3 +261,64 @@ def test_adapter_refuses_dataloader_workers() -> None:
         it._shutdown_workers()
         del it
         ds.close()
+
+
+# ------------------------------------- deferred release, with fake events
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: done only once synchronised."""
+
+    made: list[FakeEvent] = []
+
+    def __init__(self) -> None:
+        self.done = False
+        FakeEvent.made.append(self)
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+def test_pinned_batch_slots_wait_for_their_gpu_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pinned-memory bookkeeping without a GPU: a pinned batch's slot
+    goes back only once the event recorded when its last tensor died has
+    completed, and a consumer short of slots waits on the oldest event."""
+    from collections import deque
+
+    from fastq.torch import _Cuda
+
+    FakeEvent.made = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    with TorchPrefetcher(Images(80), batch_size=8, workers=1, slots=3) as pf:
+        cuda = _Cuda.__new__(_Cuda)
+        cuda.device, cuda.pending, cuda.closed = torch.device("cuda", 0), deque(), False
+        cuda._host, cuda.stream = None, None
+        pf._cuda = cuda  # as pin_memory=True would, less the registration
+        ring = pf._ring
+        bounds = ring_range(pf)
+        it = iter(pf)
+        images, labels, _ = next(it)
+        assert in_ring(images, bounds)
+        assert np.array_equal(images.numpy(), expected(labels.numpy())[0])
+        del images, labels, _
+        assert len(cuda.pending) == 1 and ring.leased == 1, "freed before its event"
+        for b, (images, labels, _) in enumerate(it, start=1):
+            assert labels.tolist() == list(range(8 * b, 8 * b + 8))
+            assert np.array_equal(images.numpy(), expected(labels.numpy())[0])
+            del images, labels, _
+            assert ring.leased <= ring.nslots
+        assert any(e.done for e in FakeEvent.made), "never waited on an event"
+        for event in FakeEvent.made:
+            event.done = True
+        cuda.reap()
+        assert ring.leased == 0 and not cuda.pending

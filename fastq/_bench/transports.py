@@ -1,168 +1,129 @@
-"""Each transport moves the same batches from producer processes to this
-process and reports steady-state throughput (warm-up excluded)."""
+"""The transports compared, by key: what each one is, which package it
+needs, and how to open it on a case. Each opener is a context manager that
+starts the producers and yields a Feed; leaving it tears everything down."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import time
-from dataclasses import dataclass
+import importlib
+import importlib.util
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-
-from .workloads import BatchSource, SampleDataset, Workload, read_stamp, stamp
+from .workloads import WORKLOADS, ProducerConfig, Workload
 
 
-MEMCPY = "memcpy (1 process)"
-QUEUE = "mp.Queue (pickled)"
+@dataclass(frozen=True)
+class Case:
+    """One measurement: a transport moving one workload's batches."""
 
-
-@dataclass
-class Result:
     transport: str
-    batches: int
-    seconds: float
-    batch_bytes: int
-    first_batch_s: float
+    workload: str
+    workers: int = 1
+    slots: int = 2          # batches in flight ahead of the consumer
+    pace_s: float = 0.0     # producer's minimum interval between batches
+    start_method: str | None = None  # None: the transport's own default
 
     @property
-    def batches_per_s(self) -> float:
-        return self.batches / self.seconds
+    def shape(self) -> Workload:
+        return WORKLOADS[self.workload]
 
-    @property
-    def gb_per_s(self) -> float:
-        return self.batches * self.batch_bytes / self.seconds / 1e9
-
-    @property
-    def us_per_batch(self) -> float:
-        return 1e6 * self.seconds / self.batches
+    def producer(self, in_flight: int) -> ProducerConfig:
+        """Producer settings for a transport that holds at most `in_flight`
+        handed-over batches per producer."""
+        return ProducerConfig(self.shape, pool=in_flight + 2, pace_s=self.pace_s)
 
 
 @dataclass
-class Budget:
-    seconds: float
-    warmup: int
+class Feed:
+    """A started transport: an endless iterator of batches in this process."""
+
+    batches: Iterator[Any]
+    stats: Callable[[], dict[str, Any]] | None = None
+    notes: list[str] = field(default_factory=list)
 
 
-def _measure(name: str, workload: Workload, budget: Budget, t_start: float,
-             batches: Any, touch: Callable[[Any], None]) -> Result:
-    """Consumes `batches` for warm-up, then for budget.seconds."""
-    it = iter(batches)
-    touch(next(it))
-    first = time.perf_counter() - t_start
-    for _ in range(budget.warmup):
-        touch(next(it))
-    n = 0
-    t0 = time.perf_counter()
-    deadline = t0 + budget.seconds
-    while True:
-        touch(next(it))
-        n += 1
-        if n % 8 == 0 and time.perf_counter() >= deadline:
-            break
-    return Result(name, n, time.perf_counter() - t0, workload.batch_bytes, first)
+Opener = Callable[[Case], AbstractContextManager[Feed]]
 
 
-def _check_first_field(batch: Any) -> None:
-    read_stamp(batch[0])
+@dataclass(frozen=True)
+class Transport:
+    key: str
+    label: str
+    role: str          # "limit" (memcpy), "fastq", or "peer"
+    target: str        # "module:function" in this package, imported on use
+    requires: str | None = None
+    pip: str | None = None
+    about: str = ""
+
+    def missing(self) -> str | None:
+        """Why this transport cannot run here, or None."""
+        if self.requires and importlib.util.find_spec(self.requires) is None:
+            return f"{self.label}: skipped, {self.requires} is not installed " \
+                   f"(pip install {self.pip or self.requires})"
+        return None
+
+    def resolve(self) -> Opener:
+        """The opener, its module (and the package it wraps) imported."""
+        module, func = self.target.split(":")
+        opener: Opener = getattr(importlib.import_module(f"{__package__}.{module}"), func)
+        return opener
+
+    def open(self, case: Case) -> AbstractContextManager[Feed]:
+        return self.resolve()(case)
 
 
-def _memcpy(name: str, workload: Workload, buffers: int, budget: Budget) -> Result:
-    src = workload.template(seed=0)
-    dst = [tuple(np.empty_like(a) for a in src) for _ in range(buffers)]
-
-    def batches() -> Any:
-        n = 0
-        while True:
-            stamp(src, n)
-            out = dst[n % buffers]
-            n += 1
-            for d, s in zip(out, src):
-                np.copyto(d, s)
-            yield out
-
-    return _measure(name, workload, budget, time.perf_counter(), batches(),
-                    _check_first_field)
-
-
-def run_memcpy(workload: Workload, workers: int, slots: int, budget: Budget) -> Result:
-    """One process copying the same bytes into `slots` destinations in turn:
-    the same memory footprint as the ring, so the limit of writing each
-    batch once to memory."""
-    return _memcpy(MEMCPY, workload, slots, budget)
-
-
-def run_memcpy_hot(workload: Workload, workers: int, slots: int,
-                   budget: Budget) -> Result:
-    """The same copy into one destination, which stays in a large last-level
-    cache: an upper bound no transport with several batches in flight meets."""
-    return _memcpy("memcpy (1 buffer, hot)", workload, 1, budget)
-
-
-def run_fastq_batches(workload: Workload, workers: int, slots: int,
-                      budget: Budget) -> Result:
-    import fastq
-
-    t = time.perf_counter()
-    with fastq.Prefetcher(BatchSource(workload), workers=workers, slots=slots,
-                          ordered=False) as pf:
-        return _measure("fastq (whole batches)", workload, budget, t,
-                        _endless(pf), _check_first_field)
-
-
-def run_fastq_samples(workload: Workload, workers: int, slots: int,
-                      budget: Budget) -> Result:
-    import fastq
-
-    t = time.perf_counter()
-    with fastq.Prefetcher(SampleDataset(workload), batch_size=workload.rows,
-                          workers=workers, slots=slots, ordered=False) as pf:
-        return _measure("fastq (per-sample)", workload, budget, t,
-                        _endless(pf), _check_first_field)
-
-
-def _endless(pf: Any) -> Any:
-    while True:
-        yield from pf
-
-
-def _queue_producer(workload: Workload, queue: Any, stop: Any) -> None:
-    for batch in BatchSource(workload)():
-        if stop.is_set():
-            return
-        queue.put(batch)
-
-
-def run_mp_queue(workload: Workload, workers: int, slots: int,
-                 budget: Budget) -> Result:
-    """Workers put numpy batches on a bounded multiprocessing.Queue, as
-    Keras' GeneratorEnqueuer does with use_multiprocessing=True."""
-    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods()
-                         else "spawn")
-    t = time.perf_counter()
-    queue = ctx.Queue(maxsize=slots)
-    stop = ctx.Event()
-    procs = [ctx.Process(target=_queue_producer, args=(workload, queue, stop),
-                         daemon=True) for _ in range(workers)]
-    for p in procs:
-        p.start()
-    try:
-        return _measure(QUEUE, workload, budget, t,
-                        iter(queue.get, None), _check_first_field)
-    finally:
-        stop.set()
-        for p in procs:
-            p.kill()
-            p.join()
-        queue.close()
-        queue.cancel_join_thread()
-
-
-TRANSPORTS: dict[str, Callable[[Workload, int, int, Budget], Result]] = {
-    "memcpy": run_memcpy,
-    "memcpy-hot": run_memcpy_hot,
-    "fastq": run_fastq_batches,
-    "fastq-samples": run_fastq_samples,
-    "queue": run_mp_queue,
+TRANSPORTS = {
+    t.key: t
+    for t in (
+        Transport("memcpy-hot", "memcpy, 1 buffer (hot)", "limit", "via_memcpy:hot",
+                  about="one process copies each batch into one destination: "
+                        "it stays in cache, an upper bound, not a fair limit"),
+        Transport("memcpy", "memcpy (1 process)", "limit", "via_memcpy:ring",
+                  about="one process copies each batch into as many "
+                        "destinations as the ring has slots: the physical limit"),
+        Transport("fastq", "fastq, whole batches", "fastq", "via_fastq:batches",
+                  about="callable source: each yielded batch is copied into a slot"),
+        Transport("fastq-samples", "fastq, per-sample", "fastq", "via_fastq:samples",
+                  about="map-style source: each sample written into its row"),
+        Transport("fastq-fill", "fastq, zero-copy fill", "fastq", "via_fastq:fill",
+                  about="map-style source with fill_batch(indices, out): the "
+                        "producer writes straight into the slot"),
+        Transport("queue-seed", "mp.Queue, seed (poll+sleep)", "peer",
+                  "via_queue:seed",
+                  about="Keras' GeneratorEnqueuer with get_batch's consumer: "
+                        "poll empty(), sleep 10 ms"),
+        Transport("queue", "mp.Queue, blocking get", "peer", "via_queue:blocking",
+                  about="the strongest form: consumer blocks in get()"),
+        Transport("dataloader", "DataLoader, per-sample", "peer",
+                  "via_torch:samples", requires="torch", pip="torch==2.13.0",
+                  about="batch_size=rows, default collate"),
+        Transport("dataloader-batches", "DataLoader, batch_size=None", "peer",
+                  "via_torch:batches", requires="torch", pip="torch==2.13.0",
+                  about="dataset items are whole batches"),
+        Transport("faster-fifo", "faster-fifo", "peer", "via_fifo:queue",
+                  requires="faster_fifo", pip="faster-fifo",
+                  about="shared-memory circular buffer of pickled messages"),
+    )
 }
-DEFAULT_TRANSPORTS = ("memcpy-hot", "memcpy", "fastq", "fastq-samples", "queue")
+DEFAULT_TRANSPORTS = tuple(TRANSPORTS)
+FASTQ = tuple(k for k, t in TRANSPORTS.items() if t.role == "fastq")
+PEERS = tuple(k for k, t in TRANSPORTS.items() if t.role == "peer")
+
+
+def ring_slots(slots: int) -> int:
+    """Slots in a fastq ring asked for `slots` prefetched batches: one more,
+    for the batch the consumer's loop body holds."""
+    return slots + 1
+
+
+def first_leaf(batch: Any) -> Any:
+    """The first field of a batch, as something with the buffer protocol."""
+    while isinstance(batch, (tuple, list)):
+        batch = batch[0]
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    if hasattr(batch, "numpy") and not hasattr(batch, "__array_interface__"):
+        batch = batch.numpy()  # a torch tensor: a view, no copy
+    return batch

@@ -1,45 +1,54 @@
-"""Batch shapes and the producers every transport runs, so each transport
-pays the same producer work per batch."""
+"""Batch shapes, and the producer every transport runs, so that each one pays
+exactly the same producer work per batch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
 
+Arrays = tuple[np.ndarray[Any, Any], ...]
+
+# The stamp: batch number and hand-over time (CLOCK_MONOTONIC, the clock
+# time.perf_counter_ns reads on Linux, shared by every process) in the first
+# 16 bytes of the first field of row 0.
+STAMP_BYTES = 16
+
 
 @dataclass(frozen=True)
 class Workload:
-    """A batch of `rows` rows; each field is (name, row shape, dtype)."""
+    """A batch of `rows` rows; each field is (name, row shape, dtype).
+
+    `compute` workloads make every sample with real numpy work (crop, flip,
+    colour jitter) instead of stamping a prepared template.
+    """
 
     name: str
     rows: int
     fields: tuple[tuple[str, tuple[int, ...], str], ...]
+    compute: bool = False
+    note: str = ""
 
     @property
-    def batch_bytes(self) -> int:
+    def row_bytes(self) -> int:
         return sum(
-            self.rows * int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+            int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
             for _, shape, dt in self.fields
         )
 
-    def describe(self) -> str:
-        parts = [f"{self.rows} x {'x'.join(map(str, s)) or 'scalar'} {dt}"
-                 for _, s, dt in self.fields]
-        return " + ".join(parts) + f" = {self.batch_bytes / 1e6:.2f} MB/batch"
+    @property
+    def batch_bytes(self) -> int:
+        return self.rows * self.row_bytes
 
-    def template(self, seed: int) -> tuple[np.ndarray[Any, Any], ...]:
-        """One batch of random content, made once per producer."""
-        rng = np.random.default_rng(seed)
-        out = []
-        for _, shape, dt in self.fields:
-            full = (self.rows, *shape)
-            if np.dtype(dt).kind == "f":
-                out.append(rng.random(full, dtype=np.float32).astype(dt))
-            else:
-                out.append(rng.integers(0, 100, full).astype(dt))
-        return tuple(out)
+    def describe(self) -> str:
+        parts = [f"{self.rows} x {dt}[{','.join(map(str, s))}]" if s else
+                 f"{self.rows} x {dt}" for _, s, dt in self.fields]
+        return " + ".join(parts) + f" = {self.batch_bytes / 1e6:.3g} MB/batch"
+
+    def empty(self) -> Arrays:
+        return tuple(np.empty((self.rows, *s), dt) for _, s, dt in self.fields)
 
 
 def _labels() -> tuple[str, tuple[int, ...], str]:
@@ -54,55 +63,238 @@ WORKLOADS = {
         Workload("imagenet", 128, (("image", (3, 224, 224), "uint8"), _labels())),
         Workload("float", 32, (("image", (3, 224, 224), "float32"),)),
         Workload("huge", 256, (("image", (3, 224, 224), "float32"),)),
+        Workload("compute", 64, (("image", (3, 224, 224), "uint8"), _labels()),
+                 compute=True,
+                 note="per sample: crop 224 of a 256x256 image, flip, colour "
+                      "jitter in float32, clip back to uint8"),
     )
 }
+SHAPES = ("small", "medium", "imagenet", "float", "huge")
 DEFAULT_WORKLOAD = "imagenet"
-IMAGENET_TRAIN_SAMPLES = 1_281_167
+# Map-style datasets are as long as ImageNet's training set: loaders that
+# build an epoch's index array (fastq does) pay for that, as they would.
+DATASET_LENGTH = 1_281_167
 
 
-def stamp(batch: tuple[np.ndarray[Any, Any], ...], n: int) -> None:
-    """Marks a batch with its number (the per-batch producer work that
-    makes every batch distinct; the consumer checks it)."""
-    batch[0].reshape(-1).view(np.uint8)[:8] = np.frombuffer(
-        np.int64(n).tobytes(), np.uint8
-    )
+def stamp(first: np.ndarray[Any, Any], n: int, t_ns: int) -> None:
+    """Writes batch number `n` and hand-over time `t_ns` into the first 16
+    bytes of `first` (the first field of a batch, or of its row 0)."""
+    head = first.reshape(-1).view(np.uint8)[:STAMP_BYTES].view(np.int64)
+    head[0] = n
+    head[1] = t_ns
 
 
-def read_stamp(batch_first_field: np.ndarray[Any, Any]) -> int:
-    return int(batch_first_field.reshape(-1).view(np.uint8)[:8].view(np.int64)[0])
+def read_stamp(first: Any) -> tuple[int, int]:
+    """(batch number, hand-over time) of a batch's first field: the one read
+    every consumer does, so it touches the batch without copying it."""
+    head = memoryview(first).cast("B")[:STAMP_BYTES]
+    return (int.from_bytes(head[:8], "little", signed=True),
+            int.from_bytes(head[8:], "little", signed=True))
+
+
+# --------------------------------------------------------- compute workload
+
+_SOURCE_SIDE = 256
+_SOURCE_IMAGES = 16
+
+
+def _source_images(rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    return rng.integers(0, 256, (_SOURCE_IMAGES, 3, _SOURCE_SIDE, _SOURCE_SIDE),
+                        dtype=np.uint8)
+
+
+def augment(images: np.ndarray[Any, Any], i: int, out: np.ndarray[Any, Any]) -> None:
+    """Sample i of the compute workload, written into `out` (3x224x224 uint8):
+    a random crop, a random horizontal flip and a colour jitter in float32,
+    the usual per-sample work of an image pipeline (about a millisecond)."""
+    rng = np.random.default_rng(i)
+    side = out.shape[-1]
+    y, x = rng.integers(0, _SOURCE_SIDE - side + 1, 2)
+    crop = images[i % len(images), :, y:y + side, x:x + side]
+    if rng.random() < 0.5:
+        crop = crop[:, :, ::-1]
+    jitter = (0.8 + 0.4 * rng.random(3)).astype(np.float32)[:, None, None]
+    pixels = crop.astype(np.float32)
+    pixels *= jitter
+    pixels += np.float32(8.0) * (np.float32(rng.random()) - np.float32(0.5))
+    np.clip(pixels, 0, 255, out=pixels)
+    out[...] = pixels
+
+
+# ----------------------------------------------------------------- producer
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    """What a producer process needs; small and picklable under spawn.
+
+    pool: how many batch buffers it rotates through. A transport that keeps
+    a reference to a handed-over batch for a while (mp.Queue pickles in a
+    feeder thread, DataLoader's worker too) needs more buffers than it has
+    batches in flight, or the producer would overwrite a batch not yet sent.
+    Every transport gets pool = its in-flight bound + 2.
+    pace_s: minimum interval between batches (latency runs); 0: free-running.
+    """
+
+    workload: Workload
+    pool: int = 1
+    pace_s: float = 0.0
+
+
+@dataclass
+class Producer:
+    """Makes batch n in one process. Per batch, for the copy workloads: write
+    the stamp (16 bytes) into one of `pool` prepared buffers and hand it
+    over; for the compute workload: compute every sample into it. The same
+    work whatever the transport; only where the bytes land differs."""
+
+    cfg: ProducerConfig
+    seed: int = 0
+    _buffers: list[Arrays] = field(default_factory=list)
+    _rows: dict[int, list[Arrays]] = field(default_factory=dict)
+    _images: np.ndarray[Any, Any] | None = None
+    _next_ns: int = 0
+
+    @property
+    def workload(self) -> Workload:
+        return self.cfg.workload
+
+    def _template(self) -> Arrays:
+        rng = np.random.default_rng(self.seed)
+        out = []
+        for _, shape, dt in self.workload.fields:
+            full = (self.workload.rows, *shape)
+            if np.dtype(dt).kind == "f":
+                out.append(rng.random(full, dtype=np.float32).astype(dt, copy=False))
+            else:
+                out.append(rng.integers(0, 100, full, dtype=dt))
+        return tuple(out)
+
+    def _buffer(self, n: int) -> Arrays:
+        k = n % max(1, self.cfg.pool)
+        while len(self._buffers) <= k:  # made lazily: a probe needs only one
+            if self.workload.compute:
+                self._buffers.append(self.workload.empty())
+            elif self._buffers:
+                self._buffers.append(tuple(a.copy() for a in self._buffers[0]))
+            else:
+                self._buffers.append(self._template())
+        return self._buffers[k]
+
+    def _source(self) -> np.ndarray[Any, Any]:
+        if self._images is None:
+            self._images = _source_images(np.random.default_rng(self.seed))
+        return self._images
+
+    def _pace(self) -> int:
+        now = time.perf_counter_ns()
+        if self.cfg.pace_s > 0:
+            if self._next_ns == 0:
+                self._next_ns = now
+            while now < self._next_ns:  # a busy wait: a sleep would add jitter
+                now = time.perf_counter_ns()
+            self._next_ns += int(self.cfg.pace_s * 1e9)
+        return now
+
+    def _compute_rows(self, base: int, out: Arrays) -> None:
+        images = self._source()
+        for j in range(len(out[0])):
+            augment(images, base + j, out[0][j])
+            out[1][j] = (base + j) % 1000
+
+    def batch(self, n: int) -> Arrays:
+        """Batch n in a reused buffer; valid until `pool` more batches."""
+        buf = self._buffer(n)
+        if self.workload.compute:
+            self._compute_rows(n * self.workload.rows, buf)
+        stamp(buf[0], n, self._pace())
+        return buf
+
+    def fill(self, n: int, out: Arrays) -> None:
+        """Batch n written straight into `out` (a slot's arrays)."""
+        if self.workload.compute:
+            self._compute_rows(n * self.workload.rows, out)
+        else:
+            # From the same rotating buffers batch() hands over, so the
+            # bytes read are the same as for every other transport.
+            for dst, src in zip(out, self._buffer(n)):
+                np.copyto(dst, src)
+        stamp(out[0], n, self._pace())
+
+    def sample(self, i: int) -> Arrays:
+        """Sample i: row i % rows of batch i // rows's buffer (row 0 stamped
+        with the batch number), or a freshly computed sample."""
+        rows = self.workload.rows
+        if self.workload.compute:
+            image = np.empty(self.workload.fields[0][1], np.uint8)
+            augment(self._source(), i, image)
+            return image, np.int64(i % 1000)
+        n = i // rows
+        k = n % max(1, self.cfg.pool)
+        if k not in self._rows:
+            t = self._buffer(k)
+            self._rows[k] = [tuple(f[r] for f in t) for r in range(rows)]
+        row = self._rows[k][i % rows]
+        if i % rows == 0:
+            stamp(row[0], n, self._pace())
+        return row
+
+
+# ------------------------------------------------------------------ sources
 
 
 class BatchSource:
-    """Callable source: each call yields the same template batch, stamped
-    with a running number, forever (the get_batch / GeneratorEnqueuer
-    pattern)."""
+    """Callable source: an endless iterator of whole batches (the Keras
+    GeneratorEnqueuer / get_batch pattern); fastq's callable source and the
+    queue producers all iterate it."""
 
-    def __init__(self, workload: Workload) -> None:
-        self.workload = workload
+    def __init__(self, cfg: ProducerConfig, seed: int = 0) -> None:
+        self.cfg = cfg
+        self.seed = seed
 
-    def __call__(self) -> Iterator[tuple[np.ndarray[Any, Any], ...]]:
-        batch = self.workload.template(seed=0)
+    def __call__(self) -> Iterator[Arrays]:
+        producer = Producer(self.cfg, self.seed)
         n = 0
         while True:
-            stamp(batch, n)
+            yield producer.batch(n)
             n += 1
-            yield batch
 
 
 class SampleDataset:
-    """Map-style source: sample i is row i % rows of a template batch, with
-    its first field stamped; fastq collates rows straight into the slot."""
+    """Map-style source, one sample per index: loaders collate the rows."""
 
-    def __init__(self, workload: Workload, length: int = IMAGENET_TRAIN_SAMPLES) -> None:
-        self.workload = workload
+    def __init__(self, cfg: ProducerConfig, length: int = DATASET_LENGTH) -> None:
+        self.cfg = cfg
         self.length = length
-        self._rows: list[tuple[np.ndarray[Any, Any], ...]] | None = None
+        self._producer: Producer | None = None
 
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray[Any, Any], ...]:
-        if self._rows is None:
-            t = self.workload.template(seed=0)
-            self._rows = [tuple(f[r] for f in t) for r in range(self.workload.rows)]
-        return self._rows[i % self.workload.rows]
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(self.cfg)
+        return self._producer
+
+    def __getitem__(self, i: int) -> Arrays:
+        return self.producer.sample(int(i))
+
+
+class FillDataset(SampleDataset):
+    """Map-style source with fastq's whole-batch hook: fill_batch writes the
+    batch straight into the slot (zero-copy fill)."""
+
+    def fill_batch(self, indices: Any, out: Arrays) -> None:
+        self.producer.fill(int(indices[0]) // self.cfg.workload.rows, out)
+
+
+class BatchDataset(SampleDataset):
+    """Map-style source whose item i is whole batch i (DataLoader with
+    batch_size=None); as many batches as the samples would make."""
+
+    def __len__(self) -> int:
+        return self.length // self.cfg.workload.rows
+
+    def __getitem__(self, i: int) -> Arrays:  # type: ignore[override]
+        return self.producer.batch(int(i))

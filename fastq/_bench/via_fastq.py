@@ -1,0 +1,46 @@
+"""fastq itself, with each kind of source, all defaults but workers and slots."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import fastq
+
+from .transports import Case, Feed
+from .workloads import BatchSource, FillDataset, SampleDataset
+
+
+def _endless(pf: Any) -> Iterator[Any]:
+    while True:
+        yield from pf
+
+
+def _open(case: Case, source: Any, batch_size: int | None) -> Any:
+    return fastq.Prefetcher(source, batch_size=batch_size, workers=case.workers,
+                            slots=case.slots, start_method=case.start_method)
+
+
+@contextmanager
+def batches(case: Case) -> Iterator[Feed]:
+    """Callable source: each yielded batch is copied into its slot (so the
+    producer could reuse one buffer; it rotates through as many as the
+    queues need, to touch the same memory)."""
+    src = BatchSource(case.producer(case.slots))
+    with _open(case, src, None) as pf:
+        yield Feed(_endless(pf), pf.stats)
+
+
+@contextmanager
+def samples(case: Case) -> Iterator[Feed]:
+    src = SampleDataset(case.producer(case.slots))
+    with _open(case, src, case.shape.rows) as pf:
+        yield Feed(_endless(pf), pf.stats)
+
+
+@contextmanager
+def fill(case: Case) -> Iterator[Feed]:
+    src = FillDataset(case.producer(case.slots))
+    with _open(case, src, case.shape.rows) as pf:
+        yield Feed(_endless(pf), pf.stats)
