@@ -10,8 +10,8 @@ import signal
 import sys
 import threading
 import time
-from multiprocessing.connection import wait
 from collections.abc import Iterator
+from multiprocessing.connection import wait
 from typing import Any
 
 from ._ring import Ring
@@ -117,8 +117,10 @@ class WorkerPool:
                 self._stack_fds.append(fd)
                 cfg.stack_file = SharedFd(fd)
                 p = ctx.Process(
-                    target=worker_main, args=(cfg,),
-                    name=f"fastq-worker-{cfg.worker_id}", daemon=True,
+                    target=worker_main,
+                    args=(cfg,),
+                    name=f"fastq-worker-{cfg.worker_id}",
+                    daemon=True,
                 )
                 self._start(p, ctx)
                 self.processes.append(p)
@@ -188,7 +190,9 @@ class WorkerPool:
         held = f" while producing batch {task}" if task >= 0 else ""
         self.failure = WorkerDied(
             f"worker {wid} (pid {p.pid}) {how}{held}{hint}",
-            worker=wid, pid=p.pid, exitcode=p.exitcode,
+            worker=wid,
+            pid=p.pid,
+            exitcode=p.exitcode,
             task=task if task >= 0 else None,
         )
 

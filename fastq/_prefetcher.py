@@ -3,9 +3,9 @@ the reorder window, batches handed out as views of their slots, stats."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
-import signal
 import sys
 import time
 import warnings
@@ -71,10 +71,16 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
         else:
             rank = int(os.environ.get("RANK", "0")) if rank is None else rank
             world_size = (
-                int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+                int(os.environ.get("WORLD_SIZE", "1"))
+                if world_size is None
+                else world_size
             )
     _positive_int("world_size", world_size, "give the number of ranks (>= 1)")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+    if (
+        isinstance(rank, bool)
+        or not isinstance(rank, int)
+        or not 0 <= rank < world_size
+    ):
         raise ConfigError(
             f"rank={rank!r}: expected 0 <= rank < world_size={world_size}; pass "
             "the process's rank among world_size ranks"
@@ -156,7 +162,6 @@ class Prefetcher:
         self._closed = True  # until construction completes
         self._pool: WorkerPool | None = None
         self._region: Region | None = None
-        self._ring: Ring | None = None
 
         self._is_map = hasattr(source, "__len__") and hasattr(source, "__getitem__")
         if not self._is_map and not callable(source):
@@ -166,16 +171,21 @@ class Prefetcher:
                 "callable returning an iterator of batches"
             )
         workers = _positive_int(
-            "workers", max(1, _usable_cpus() - 1) if workers is None else workers,
-            "use workers=1 or more", MAX_WORKERS,
+            "workers",
+            max(1, _usable_cpus() - 1) if workers is None else workers,
+            "use workers=1 or more",
+            MAX_WORKERS,
         )
         slots = _positive_int(
-            "slots", max(2, 2 * workers) if slots is None else slots,
+            "slots",
+            max(2, 2 * workers) if slots is None else slots,
             "use slots=1 or more (two per worker keeps every worker busy)",
             MAX_SLOTS - 1,
         )
         if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or timeout <= 0
         ):
             raise ConfigError(f"timeout={timeout!r}: expected seconds > 0, or None")
         if worker_init is not None and not callable(worker_init):
@@ -195,8 +205,13 @@ class Prefetcher:
         if self._is_map:
             self._spec = self._map_spec(source, batch_size, spec)
             self._sampler = EpochSampler(
-                len(source), self._spec.rows, shuffle=shuffle, seed=seed,
-                drop_last=drop_last, rank=rank, world_size=world_size,
+                len(source),
+                self._spec.rows,
+                shuffle=shuffle,
+                seed=seed,
+                drop_last=drop_last,
+                rank=rank,
+                world_size=world_size,
             )
             if self._sampler.batches_per_epoch == 0:
                 raise ConfigError(
@@ -229,16 +244,29 @@ class Prefetcher:
         self._region = Region.create(size)
         try:
             self._ring = Ring.create(
-                self._region.mapping, ring_slots, workers, slot_bytes, PAGE_SIZE,
+                self._region.mapping,
+                ring_slots,
+                workers,
+                slot_bytes,
+                PAGE_SIZE,
                 _SPIN_NS,
             )
             configs = [
                 WorkerConfig(
-                    worker_id=w, num_workers=workers, source=source,
-                    is_map=self._is_map, spec=self._spec, sampler=self._sampler,
-                    seed=seed, rank=rank, world_size=world_size,
-                    worker_init=worker_init, region=self._region.share(),
-                    region_size=size, consumer_pid=self._pid, threads=worker_threads,
+                    worker_id=w,
+                    num_workers=workers,
+                    source=source,
+                    is_map=self._is_map,
+                    spec=self._spec,
+                    sampler=self._sampler,
+                    seed=seed,
+                    rank=rank,
+                    world_size=world_size,
+                    worker_init=worker_init,
+                    region=self._region.share(),
+                    region_size=size,
+                    consumer_pid=self._pid,
+                    threads=worker_threads,
                     death_signal=_in_main_thread(),
                 )
                 for w in range(workers)
@@ -264,8 +292,7 @@ class Prefetcher:
             return BatchSpec.from_user(spec, rows)
         if len(source) == 0:
             raise ConfigError(
-                "source has no samples (len(source) == 0); there is nothing to "
-                "prefetch"
+                "source has no samples (len(source) == 0); there is nothing to prefetch"
             )
         return BatchSpec.from_sample(source[0], rows)
 
@@ -291,13 +318,13 @@ class Prefetcher:
     # ------------------------------------------------------- iteration
 
     def _start_state(self) -> None:
-        self._epoch = -1            # map: epoch being (or last) iterated
-        self._pass = 0              # callable: pass being iterated
+        self._epoch = -1  # map: epoch being (or last) iterated
+        self._pass = 0  # callable: pass being iterated
         self._pass_started = False  # callable: pass 0 not yet handed out
-        self._ended = 0             # callable: workers done with this pass
-        self._next_task = 0         # ordered: next task number to hand out
+        self._ended = 0  # callable: workers done with this pass
+        self._next_task = 0  # ordered: next task number to hand out
         self._window: dict[int, tuple[int, tuple[Any, ...]]] = {}
-        self._live_iter = 0         # which `for` loop is current
+        self._live_iter = 0  # which `for` loop is current
         self._epoch_done = True
         self._n_batches = 0
         self._n_bytes = 0
@@ -381,7 +408,7 @@ class Prefetcher:
         abandoned epoch) are dropped; later ones wait in the window."""
         ring = self._ring
         pool = self._pool
-        assert ring is not None and pool is not None
+        assert pool is not None
         while True:
             if pool.failure is not None:
                 self._fail(pool.failure)
@@ -426,12 +453,13 @@ class Prefetcher:
         if slot == TIMEOUT:
             self._fail(self._timeout_error())
         if slot == CLOSED:
-            raise PrefetcherClosed("the Prefetcher was closed while waiting for a batch")
+            raise PrefetcherClosed(
+                "the Prefetcher was closed while waiting for a batch"
+            )
         raise AssertionError(f"unexpected pop result {slot}")
 
     def _hand_out(self, slot: int, header: tuple[Any, ...]) -> Any:
         ring = self._ring
-        assert ring is not None
         kind, rows = header[1], header[2]
         if kind == SLOT_ERROR:
             self._fail(self._worker_error(slot, header))
@@ -448,7 +476,9 @@ class Prefetcher:
             arrays = [a.copy() for a in arrays]
             lease.release()
         del lease
-        return arrays[0] if self._spec.structure is None else self._spec.unflatten(arrays)
+        return (
+            arrays[0] if self._spec.structure is None else self._spec.unflatten(arrays)
+        )
 
     def _discard(self, slot: int, header: tuple[Any, ...]) -> None:
         self._ring.push_free(slot)
@@ -476,7 +506,9 @@ class Prefetcher:
         exc = WorkerError(
             f"worker {worker} (pid {pid}) raised {report.type_name} while producing "
             f"{where}: {report.message}\n\nRemote traceback:\n{report.traceback}",
-            worker=worker, task=task, sample=sample_index,
+            worker=worker,
+            task=task,
+            sample=sample_index,
             remote_traceback=report.traceback,
         )
         exc.__cause__ = report.revive()
@@ -484,9 +516,10 @@ class Prefetcher:
 
     def _timeout_error(self) -> FetchTimeout:
         ring = self._ring
-        assert ring is not None and self._pool is not None
+        assert self._pool is not None
         holders = [
-            (w, stats[0]) for w in range(ring.nworkers)
+            (w, stats[0])
+            for w in range(ring.nworkers)
             if (stats := ring.worker_stats(w))[0] >= 0
         ]
         wanted = self._next_task if self.ordered else None
@@ -504,7 +537,8 @@ class Prefetcher:
         return FetchTimeout(
             f"no batch within timeout={self.timeout} s{detail}\nRaise timeout= "
             "if batches are legitimately slow.",
-            worker=stuck, task=wanted if wanted is not None else -1,
+            worker=stuck,
+            task=wanted if wanted is not None else -1,
         )
 
     # ------------------------------------------------------- lifecycle
@@ -529,7 +563,7 @@ class Prefetcher:
     def _teardown(self) -> None:
         if self._pool is not None:
             self._pool.close()
-        elif self._ring is not None:
+        elif getattr(self, "_ring", None) is not None:
             self._ring.close()
         if self._region is not None:
             self._region.close()
@@ -545,12 +579,12 @@ class Prefetcher:
             return
         warnings.warn(
             "fastq.Prefetcher was not closed; use it as a context manager or "
-            "call close()", ResourceWarning, stacklevel=2,
+            "call close()",
+            ResourceWarning,
+            stacklevel=2,
         )
-        try:
+        with contextlib.suppress(Exception):  # never raise from __del__
             self.close()
-        except Exception:  # never raise from __del__
-            pass
 
     # ------------------------------------------------------------ stats
 
@@ -568,11 +602,18 @@ class Prefetcher:
         """
         elapsed = time.perf_counter() - self._t_first if self._n_batches else 0.0
         per_worker = []
-        if self._ring is not None and self._pool is not None:
+        if self._pool is not None:
             for w, pid in enumerate(self._pool.pids):
                 task, batches, busy, wait, _ = self._ring.worker_stats(w)
-                per_worker.append({"pid": pid, "batches": batches, "busy_s": busy / 1e9,
-                                   "wait_s": wait / 1e9, "task": task})
+                per_worker.append(
+                    {
+                        "pid": pid,
+                        "batches": batches,
+                        "busy_s": busy / 1e9,
+                        "wait_s": wait / 1e9,
+                        "task": task,
+                    }
+                )
         n = self._n_batches
         return {
             "batches": n,
@@ -580,7 +621,9 @@ class Prefetcher:
             "seconds": elapsed,
             "batches_per_s": n / elapsed if elapsed > 0 else 0.0,
             "gb_per_s": self._n_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
-            "wait_share": min(1.0, self._wait_ns / 1e9 / elapsed) if elapsed > 0 else 0.0,
+            "wait_share": min(1.0, self._wait_ns / 1e9 / elapsed)
+            if elapsed > 0
+            else 0.0,
             "mean_ready": self._occupancy / n if n else 0.0,
             "slots": self.slots,
             "workers": per_worker,

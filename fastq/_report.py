@@ -9,6 +9,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import SpecError
+
 
 @dataclass
 class Report:
@@ -20,10 +22,11 @@ class Report:
 
     def revive(self) -> BaseException | None:
         """The original exception object, if it survives the round trip."""
-        if self.exception is None:
+        data = self.exception
+        if data is None:
             return None
         try:
-            exc = pickle.loads(self.exception)
+            exc = pickle.loads(data)
         except Exception:  # a class that cannot be rebuilt: text is enough
             return None
         return exc if isinstance(exc, BaseException) else None
@@ -31,15 +34,14 @@ class Report:
 
 def encode(exc: BaseException, limit: int) -> bytes:
     """A report of `exc` in at most `limit` bytes (the slot's size)."""
-    from .errors import SpecError
-
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         message = str(exc)
     except Exception:
         message = f"<{type(exc).__name__}: str() failed>"
+    pickled: bytes | None
     try:
-        pickled: bytes | None = pickle.dumps(exc)
+        pickled = pickle.dumps(exc)
         pickle.loads(pickled)  # classes whose __init__ needs other arguments
     except Exception:
         pickled = None

@@ -69,7 +69,7 @@ def anonymous_file(name: str) -> int:
         return os.memfd_create(name, os.MFD_CLOEXEC)
     # Fallback where memfd does not exist: a file that is unlinked before it
     # is ever used, so it has no name to leak; workers get its descriptor.
-    f = tempfile.TemporaryFile(prefix=f"{name}-")
+    f = tempfile.TemporaryFile(prefix=f"{name}-")  # noqa: SIM115 (closed below)
     fd = os.dup(f.fileno())
     f.close()
     return fd
@@ -155,9 +155,7 @@ class Region:
         self.fd = -1
 
 
-def _short_message(
-    size: int, available: int | None, exc: OSError | None = None
-) -> str:
+def _short_message(size: int, available: int | None, exc: OSError | None = None) -> str:
     have = "unknown" if available is None else _format_bytes(available)
     why = f" ({exc.strerror})" if exc is not None else ""
     return (

@@ -54,11 +54,17 @@ def _structure_of(obj: Any, path: str, leaves: list[tuple[str, Any]]) -> Structu
                     f"field {_leaf_name(path)!r}: dict keys must be str, got "
                     f"{k!r} ({type(k).__name__}); use string keys"
                 )
-        return ("dict", keys, tuple(_structure_of(obj[k], _path(path, k), leaves)
-                                    for k in keys))
+        return (
+            "dict",
+            keys,
+            tuple(_structure_of(obj[k], _path(path, k), leaves) for k in keys),
+        )
     if isinstance(obj, (tuple, list)):
-        return ("tuple", len(obj), tuple(_structure_of(v, _path(path, i), leaves)
-                                         for i, v in enumerate(obj)))
+        return (
+            "tuple",
+            len(obj),
+            tuple(_structure_of(v, _path(path, i), leaves) for i, v in enumerate(obj)),
+        )
     leaves.append((_leaf_name(path), obj))
     return None
 
@@ -106,8 +112,11 @@ def _describe_structure(structure: Structure) -> str:
     kind, key, children = structure
     if kind == "tuple":
         return "(" + ", ".join(_describe_structure(c) for c in children) + ")"
-    return "{" + ", ".join(f"{k!r}: {_describe_structure(c)}"
-                           for k, c in zip(key, children)) + "}"
+    return (
+        "{"
+        + ", ".join(f"{k!r}: {_describe_structure(c)}" for k, c in zip(key, children))
+        + "}"
+    )
 
 
 class BatchSpec:
@@ -117,7 +126,12 @@ class BatchSpec:
     whose leading dimension is the rows.
     """
 
-    def __init__(self, structure: Structure, fields: Sequence[tuple[str, tuple[int, ...], Any]], rows: int) -> None:
+    def __init__(
+        self,
+        structure: Structure,
+        fields: Sequence[tuple[str, tuple[int, ...], Any]],
+        rows: int,
+    ) -> None:
         if rows < 1:
             raise SpecError(f"rows must be >= 1, got {rows}")
         self.structure = structure
@@ -208,11 +222,17 @@ class BatchSpec:
                 out.append((_leaf_name(path), (shape, dtype)))
                 return None
             if isinstance(v, Mapping) and v:
-                return ("dict", tuple(v), tuple(parse(v[k], _path(path, k), out)
-                                               for k in v))
+                return (
+                    "dict",
+                    tuple(v),
+                    tuple(parse(v[k], _path(path, k), out) for k in v),
+                )
             if isinstance(v, (tuple, list)) and v:
-                return ("tuple", len(v), tuple(parse(x, _path(path, i), out)
-                                               for i, x in enumerate(v)))
+                return (
+                    "tuple",
+                    len(v),
+                    tuple(parse(x, _path(path, i), out) for i, x in enumerate(v)),
+                )
             raise SpecError(
                 f"spec field {_leaf_name(path)!r}: expected (shape, dtype), a "
                 f"dict or a tuple of them, got {v!r}; e.g. spec={{'image': "

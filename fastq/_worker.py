@@ -66,7 +66,11 @@ def worker_main(cfg: WorkerConfig) -> None:
     ring = Ring.attach(Region.attach(cfg.region, cfg.region_size).mapping)
     ring.set_worker_pid(cfg.worker_id, os.getpid())
     info = WorkerInfo(
-        cfg.worker_id, cfg.num_workers, cfg.seed, cfg.rank, cfg.world_size,
+        cfg.worker_id,
+        cfg.num_workers,
+        cfg.seed,
+        cfg.rank,
+        cfg.world_size,
         cfg.source,
     )
     _set_worker_info(info)
@@ -120,7 +124,9 @@ def _die_with_consumer(consumer_pid: int, death_signal: bool) -> None:
     # For every start method and without the kernel's help: a thread that
     # wakes the moment the consumer exits and kills this process.
     threading.Thread(
-        target=_watch_consumer, args=(consumer_pid,), name="fastq-consumer-watch",
+        target=_watch_consumer,
+        args=(consumer_pid,),
+        name="fastq-consumer-watch",
         daemon=True,
     ).start()
 
@@ -201,8 +207,9 @@ class _Producer:
     def _report(self, slot: int, task: int, exc: BaseException, pass_: int = 0) -> None:
         payload = _report.encode(exc, self.ring.slot_bytes)
         memoryview(self.ring.slot_view(slot))[: len(payload)] = payload
-        self.ring.publish(slot, task, SLOT_ERROR, 0, pass_, self.wid, self.sample,
-                          len(payload))
+        self.ring.publish(
+            slot, task, SLOT_ERROR, 0, pass_, self.wid, self.sample, len(payload)
+        )
 
     def report_and_stop(self, exc: BaseException) -> None:
         """Reports a failure outside any batch (worker_init), then idles
@@ -250,8 +257,9 @@ class _Producer:
                             f"__getitems__ returned {len(samples)} samples for "
                             f"{len(indices)} indices; return one sample per index"
                         )
-                    self._write_samples(samples.__getitem__, list(range(len(samples))),
-                                        views)
+                    self._write_samples(
+                        samples.__getitem__, list(range(len(samples))), views
+                    )
                 else:
                     self._write_samples(dataset.__getitem__, indices.tolist(), views)
             except Exception as exc:
@@ -261,8 +269,12 @@ class _Producer:
             self.ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
             self.ring.publish(slot, task, SLOT_BATCH, len(indices), 0, self.wid)
 
-    def _write_samples(self, get: Callable[[int], Any], keys: list[int],
-                       views: list[np.ndarray[Any, Any]]) -> None:
+    def _write_samples(
+        self,
+        get: Callable[[int], Any],
+        keys: list[int],
+        views: list[np.ndarray[Any, Any]],
+    ) -> None:
         """Row j of the slot = get(keys[j]); self.sample names the row being
         produced before user code runs, so an error points at its sample."""
         spec = self.spec

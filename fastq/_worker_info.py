@@ -58,10 +58,14 @@ class WorkerInfo:
         map-style sources, so results do not depend on which worker, or how
         many, produce a batch; from (seed, worker id) for callable sources."""
         if self._rng is None:
-            key = (self.seed, self.epoch, self.task) if self.task >= 0 else (
-                self.seed, 1 << 32, self.id)
-            self._rng = np.random.default_rng(np.random.SeedSequence(
-                [k & _MASK64 for k in key]))
+            key = (
+                (self.seed, self.epoch, self.task)
+                if self.task >= 0
+                else (self.seed, 1 << 32, self.id)
+            )
+            self._rng = np.random.default_rng(
+                np.random.SeedSequence([k & _MASK64 for k in key])
+            )
         return self._rng
 
     def _start_task(self, epoch: int, task: int) -> None:

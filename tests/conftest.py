@@ -14,11 +14,14 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # helpers.py for spawn children
 
-START_METHODS = [m for m in ("fork", "forkserver", "spawn")
-                 if m in mp.get_all_start_methods()]
+START_METHODS = [
+    m for m in ("fork", "forkserver", "spawn") if m in mp.get_all_start_methods()
+]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
     if os.environ.get("FASTQ_SLOW_TESTS") == "1":
         return
     skip = pytest.mark.skip(reason="slow: set FASTQ_SLOW_TESTS=1 to run")

@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import pytest
+from helpers import PatternDataset
 
 import fastq
-from helpers import PatternDataset
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"workers": 0}, r"workers=0: expected a positive integer"),
-    ({"workers": -2}, r"workers=-2"),
-    ({"slots": 0}, r"slots=0: expected a positive integer"),
-    ({"batch_size": 0}, r"batch_size=0"),
-    ({"batch_size": None}, r"batch_size=None: a map-style source needs batch_size"),
-    ({"batch_size": 200, "drop_last": True}, r"leaves no batch"),
-    ({"timeout": -1}, r"timeout=-1"),
-    ({"start_method": "thread"}, r"start_method='thread' is not available"),
-    ({"rank": 2, "world_size": 2}, r"rank=2: expected 0 <= rank < world_size=2"),
-    ({"worker_init": 3}, r"worker_init=3"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"workers": 0}, r"workers=0: expected a positive integer"),
+        ({"workers": -2}, r"workers=-2"),
+        ({"slots": 0}, r"slots=0: expected a positive integer"),
+        ({"batch_size": 0}, r"batch_size=0"),
+        ({"batch_size": None}, r"batch_size=None: a map-style source needs batch_size"),
+        ({"batch_size": 200, "drop_last": True}, r"leaves no batch"),
+        ({"timeout": -1}, r"timeout=-1"),
+        ({"start_method": "thread"}, r"start_method='thread' is not available"),
+        ({"rank": 2, "world_size": 2}, r"rank=2: expected 0 <= rank < world_size=2"),
+        ({"worker_init": 3}, r"worker_init=3"),
+    ],
+)
 def test_bad_arguments_name_the_argument_and_fix(kwargs, match) -> None:  # type: ignore[no-untyped-def]
     args = {"batch_size": 4, **kwargs}
     with pytest.raises(fastq.ConfigError, match=match):
@@ -47,13 +50,16 @@ def test_unpicklable_source_under_spawn_names_the_fix() -> None:
     class Local(PatternDataset):  # a local class cannot be pickled
         pass
 
-    with pytest.raises(fastq.ConfigError, match="cannot be pickled.*start_method='fork'"):
+    with pytest.raises(
+        fastq.ConfigError, match="cannot be pickled.*start_method='fork'"
+    ):
         fastq.Prefetcher(Local(10), batch_size=2, workers=1, start_method="spawn")
 
 
 def test_closed_prefetcher_refuses_iteration() -> None:
-    pf = fastq.Prefetcher(PatternDataset(10), batch_size=2, workers=1,
-                          start_method="fork")
+    pf = fastq.Prefetcher(
+        PatternDataset(10), batch_size=2, workers=1, start_method="fork"
+    )
     pf.close()
     pf.close()  # idempotent
     with pytest.raises(fastq.PrefetcherClosed):
@@ -61,16 +67,18 @@ def test_closed_prefetcher_refuses_iteration() -> None:
 
 
 def test_unclosed_prefetcher_warns_and_cleans_up() -> None:
-    pf = fastq.Prefetcher(PatternDataset(10), batch_size=2, workers=1,
-                          start_method="fork")
+    pf = fastq.Prefetcher(
+        PatternDataset(10), batch_size=2, workers=1, start_method="fork"
+    )
     with pytest.warns(ResourceWarning, match="not closed"):
         pf.__del__()
     assert pf.closed
 
 
 def test_stats_report_throughput_and_workers() -> None:
-    with fastq.Prefetcher(PatternDataset(64), batch_size=4, workers=2,
-                          start_method="fork") as pf:
+    with fastq.Prefetcher(
+        PatternDataset(64), batch_size=4, workers=2, start_method="fork"
+    ) as pf:
         for _ in pf:
             pass
         s = pf.stats()

@@ -7,9 +7,9 @@ import collections
 
 import numpy as np
 import pytest
+from helpers import CountingBatches
 
 import fastq
-from helpers import CountingBatches
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -17,8 +17,13 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.mark.parametrize("ordered", [True, False])
 def test_every_worker_batch_arrives_once(start_method: str, ordered: bool) -> None:
     workers, per_worker = 3, 40
-    with fastq.Prefetcher(CountingBatches(per_worker), workers=workers, slots=2,
-                          ordered=ordered, start_method=start_method) as pf:
+    with fastq.Prefetcher(
+        CountingBatches(per_worker),
+        workers=workers,
+        slots=2,
+        ordered=ordered,
+        start_method=start_method,
+    ) as pf:
         seen = collections.defaultdict(list)
         for ids, nums in pf:
             assert len(set(ids.tolist())) == 1
@@ -36,8 +41,9 @@ def test_each_for_loop_is_a_new_pass() -> None:
 
 
 def test_breaking_a_pass_restarts_the_iterators() -> None:
-    with fastq.Prefetcher(CountingBatches(50), workers=2, slots=3,
-                          start_method="fork") as pf:
+    with fastq.Prefetcher(
+        CountingBatches(50), workers=2, slots=3, start_method="fork"
+    ) as pf:
         for k, _ in enumerate(pf):
             if k == 3:
                 break
@@ -52,8 +58,9 @@ def test_breaking_a_pass_restarts_the_iterators() -> None:
 
 
 def test_endless_source_runs_until_close() -> None:
-    pf = fastq.Prefetcher(CountingBatches(0, endless=True), workers=2,
-                          start_method="fork")
+    pf = fastq.Prefetcher(
+        CountingBatches(0, endless=True), workers=2, start_method="fork"
+    )
     with pf:
         for k, _ in enumerate(pf):
             if k == 500:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import fastq
 from helpers import (
     ArrayDataset,
     BatchedDataset,
@@ -16,6 +14,8 @@ from helpers import (
     expected_batch,
     expected_image,
 )
+
+import fastq
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,10 +29,17 @@ def assert_batch(batch: tuple[np.ndarray, ...], indices: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("workers,slots", [(1, 1), (2, 3), (4, 8)])
-def test_thousands_of_batches_bit_exact(start_method: str, workers: int, slots: int) -> None:
+def test_thousands_of_batches_bit_exact(
+    start_method: str, workers: int, slots: int
+) -> None:
     n, bs = 2000, 3  # 667 batches per epoch, hundreds of ring wrap-arounds
-    with fastq.Prefetcher(PatternDataset(n), batch_size=bs, workers=workers,
-                          slots=slots, start_method=start_method) as pf:
+    with fastq.Prefetcher(
+        PatternDataset(n),
+        batch_size=bs,
+        workers=workers,
+        slots=slots,
+        start_method=start_method,
+    ) as pf:
         for _epoch in range(2):
             k = 0
             for k, batch in enumerate(pf):
@@ -42,25 +49,29 @@ def test_thousands_of_batches_bit_exact(start_method: str, workers: int, slots: 
 
 
 def test_partial_last_batch_has_fewer_rows() -> None:
-    with fastq.Prefetcher(PatternDataset(10), batch_size=4, workers=2,
-                          start_method="fork") as pf:
+    with fastq.Prefetcher(
+        PatternDataset(10), batch_size=4, workers=2, start_method="fork"
+    ) as pf:
         sizes = [len(b[1]) for b in pf]
     assert sizes == [4, 4, 2]
 
 
-@pytest.mark.parametrize("dataset", [BatchedDataset(50), FillDataset(50)],
-                         ids=["__getitems__", "fill_batch"])
+@pytest.mark.parametrize(
+    "dataset", [BatchedDataset(50), FillDataset(50)], ids=["__getitems__", "fill_batch"]
+)
 def test_whole_batch_paths(dataset: PatternDataset, start_method: str) -> None:
-    with fastq.Prefetcher(dataset, batch_size=8, workers=2, slots=3,
-                          start_method=start_method) as pf:
+    with fastq.Prefetcher(
+        dataset, batch_size=8, workers=2, slots=3, start_method=start_method
+    ) as pf:
         for k, batch in enumerate(pf):
             assert_batch(batch, np.arange(k * 8, min(50, (k + 1) * 8)))
         assert k == 6
 
 
 def test_dict_samples_give_dict_batches() -> None:
-    with fastq.Prefetcher(DictDataset(20), batch_size=5, workers=2,
-                          start_method="fork") as pf:
+    with fastq.Prefetcher(
+        DictDataset(20), batch_size=5, workers=2, start_method="fork"
+    ) as pf:
         batches = [(b["image"].copy(), b["index"].copy()) for b in pf]
     assert len(batches) == 4
     for k, (image, index) in enumerate(batches):
@@ -69,25 +80,33 @@ def test_dict_samples_give_dict_batches() -> None:
 
 
 def test_single_array_samples_give_array_batches() -> None:
-    with fastq.Prefetcher(ArrayDataset(9), batch_size=4, workers=1,
-                          start_method="fork") as pf:
+    with fastq.Prefetcher(
+        ArrayDataset(9), batch_size=4, workers=1, start_method="fork"
+    ) as pf:
         batches = [b.copy() for b in pf]
     assert [b.shape for b in batches] == [(4, 4), (4, 4), (1, 4)]
     np.testing.assert_array_equal(batches[2], np.full((1, 4), 8, np.int32))
 
 
 def test_views_are_writable_numpy_arrays() -> None:
-    with fastq.Prefetcher(PatternDataset(8), batch_size=4, workers=1,
-                          start_method="fork") as pf:
-        image, index, _ = next(iter(pf))
+    with fastq.Prefetcher(
+        PatternDataset(8), batch_size=4, workers=1, start_method="fork"
+    ) as pf:
+        image, _, _ = next(iter(pf))
         assert type(image) is np.ndarray and image.flags.writeable
         image[0, 0, 0, 0] = 42  # the consumer may scribble on its batch
         assert image[0, 0, 0, 0] == 42
 
 
 def test_copy_true_hands_out_owned_arrays() -> None:
-    with fastq.Prefetcher(PatternDataset(40), batch_size=4, workers=2, slots=2,
-                          copy=True, start_method="fork") as pf:
+    with fastq.Prefetcher(
+        PatternDataset(40),
+        batch_size=4,
+        workers=2,
+        slots=2,
+        copy=True,
+        start_method="fork",
+    ) as pf:
         kept = list(pf)  # more batches than slots: only possible with copies
         assert all(b[0].base is None for b in kept)
     for k, batch in enumerate(kept):

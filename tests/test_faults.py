@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from helpers import CountingBatches, PatternDataset, StuckDataset
 
 import fastq
-from helpers import CountingBatches, PatternDataset, StuckDataset
 
 VICTIM = os.path.join(os.path.dirname(__file__), "victim.py")
 
@@ -49,14 +49,21 @@ def wait_gone(pids: list[int], seconds: float) -> list[int]:
 
 
 @pytest.fixture
-def start_victim() -> Iterator[Callable[[str, str], tuple[subprocess.Popen[str], dict[str, Any]]]]:
+def start_victim() -> Iterator[
+    Callable[[str, str], tuple[subprocess.Popen[str], dict[str, Any]]]
+]:
     """Starts victim.py in its own session; kills whatever is left of it."""
     started: list[tuple[subprocess.Popen[str], list[int]]] = []
 
-    def start(scenario: str, method: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    def start(
+        scenario: str, method: str
+    ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
         proc = subprocess.Popen(
-            [sys.executable, VICTIM, scenario, method], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True,
+            [sys.executable, VICTIM, scenario, method],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         started.append((proc, []))
         assert proc.stdout is not None
@@ -78,7 +85,9 @@ def start_victim() -> Iterator[Callable[[str, str], tuple[subprocess.Popen[str],
 
 
 @pytest.mark.timeout(60)
-def test_killed_consumer_takes_every_worker_with_it(start_victim, start_method: str) -> None:  # type: ignore[no-untyped-def]
+def test_killed_consumer_takes_every_worker_with_it(
+    start_victim, start_method: str
+) -> None:  # type: ignore[no-untyped-def]
     proc, pids = start_victim("killed-consumer", start_method)
     workers = pids["workers"]
     assert all(alive(p) and maps_ring(p) for p in workers)
@@ -92,8 +101,11 @@ def test_killed_consumer_takes_every_worker_with_it(start_victim, start_method: 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("scenario", ["sigint-waiting", "sigint-in-body"])
-def test_ctrl_c_gives_one_keyboard_interrupt(start_victim, start_method: str,  # type: ignore[no-untyped-def]
-                                            scenario: str) -> None:
+def test_ctrl_c_gives_one_keyboard_interrupt(
+    start_victim,
+    start_method: str,  # type: ignore[no-untyped-def]
+    scenario: str,
+) -> None:
     proc, pids = start_victim(scenario, start_method)
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().strip() in ("waiting", "in body")
@@ -108,8 +120,13 @@ def test_ctrl_c_gives_one_keyboard_interrupt(start_victim, start_method: str,  #
 
 @pytest.mark.timeout(30)
 def test_stuck_worker_gives_fetch_timeout_with_its_stack() -> None:
-    with fastq.Prefetcher(StuckDataset(100, stuck=9), batch_size=4, workers=2,
-                          timeout=1.0, start_method="forkserver") as pf:
+    with fastq.Prefetcher(
+        StuckDataset(100, stuck=9),
+        batch_size=4,
+        workers=2,
+        timeout=1.0,
+        start_method="forkserver",
+    ) as pf:
         t0 = time.monotonic()
         got = 0
         with pytest.raises(fastq.FetchTimeout) as info:
@@ -128,8 +145,13 @@ def test_stuck_worker_gives_fetch_timeout_with_its_stack() -> None:
 def test_close_is_bounded_with_16_workers_in_every_state() -> None:
     # Workers stuck in user code (two samples hang), others producing
     # slowly, others waiting for a free slot.
-    pf = fastq.Prefetcher(StuckDataset(10_000, stuck=5), batch_size=4, workers=16,
-                          slots=4, start_method="forkserver")
+    pf = fastq.Prefetcher(
+        StuckDataset(10_000, stuck=5),
+        batch_size=4,
+        workers=16,
+        slots=4,
+        start_method="forkserver",
+    )
     it = iter(pf)
     time.sleep(1.0)
     pids = pf._pool.pids
@@ -143,8 +165,13 @@ def test_close_is_bounded_with_16_workers_in_every_state() -> None:
 
 @pytest.mark.timeout(30)
 def test_worker_killed_while_waiting_for_a_free_slot() -> None:
-    with fastq.Prefetcher(PatternDataset(1000), batch_size=2, workers=2, slots=2,
-                          start_method="forkserver") as pf:
+    with fastq.Prefetcher(
+        PatternDataset(1000),
+        batch_size=2,
+        workers=2,
+        slots=2,
+        start_method="forkserver",
+    ) as pf:
         it = iter(pf)
         next(it)
         time.sleep(0.3)  # the ring fills; workers wait on FREE
@@ -168,8 +195,9 @@ class Segfaulting(PatternDataset):
 
 @pytest.mark.timeout(30)
 def test_segfault_in_native_code(capfd: pytest.CaptureFixture[str]) -> None:
-    with fastq.Prefetcher(Segfaulting(100), batch_size=4, workers=2,
-                          start_method="fork") as pf:
+    with fastq.Prefetcher(
+        Segfaulting(100), batch_size=4, workers=2, start_method="fork"
+    ) as pf:
         with pytest.raises(fastq.WorkerDied, match="SIGSEGV.*batch 1"):
             list(x[1].copy() for x in pf)
     capfd.readouterr()
@@ -193,10 +221,17 @@ def test_exception_in_a_generator() -> None:
 def test_not_enough_memory_is_a_clear_error_at_construction() -> None:
     # 1 MiB samples x 200k rows = 200 GiB: more than any test machine has.
     spec = {"x": ((1 << 20,), "uint8")}
-    with pytest.raises(fastq.SharedMemoryError,
-                       match=r"needs .*GiB \(\d+ bytes\) .* available.*slots= or batch_size="):
-        fastq.Prefetcher(PatternDataset(10), batch_size=200_000, spec=spec,
-                         workers=1, start_method="fork")
+    with pytest.raises(
+        fastq.SharedMemoryError,
+        match=r"needs .*GiB \(\d+ bytes\) .* available.*slots= or batch_size=",
+    ):
+        fastq.Prefetcher(
+            PatternDataset(10),
+            batch_size=200_000,
+            spec=spec,
+            workers=1,
+            start_method="fork",
+        )
 
 
 @pytest.mark.timeout(30)

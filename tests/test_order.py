@@ -7,10 +7,10 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers import PatternDataset, SlowDataset
 
 import fastq
 from fastq._sampler import EpochSampler
-from helpers import PatternDataset, SlowDataset
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,16 +36,26 @@ def reference_epoch(n, bs, *, shuffle, seed, drop_last, rank=0, world_size=1, ep
     return batches
 
 
-@pytest.mark.parametrize("shuffle,drop_last", list(itertools.product([False, True], repeat=2)))
+@pytest.mark.parametrize(
+    "shuffle,drop_last", list(itertools.product([False, True], repeat=2))
+)
 def test_ordered_epochs_match_sampler_order(shuffle: bool, drop_last: bool) -> None:
     n, bs = 103, 10
-    with fastq.Prefetcher(PatternDataset(n), batch_size=bs, workers=3, slots=4,
-                          shuffle=shuffle, seed=7, drop_last=drop_last,
-                          start_method="fork") as pf:
+    with fastq.Prefetcher(
+        PatternDataset(n),
+        batch_size=bs,
+        workers=3,
+        slots=4,
+        shuffle=shuffle,
+        seed=7,
+        drop_last=drop_last,
+        start_method="fork",
+    ) as pf:
         for epoch in range(3):
             got = [b[1].tolist() for b in pf]
-            want = reference_epoch(n, bs, shuffle=shuffle, seed=7,
-                                   drop_last=drop_last, epoch=epoch)
+            want = reference_epoch(
+                n, bs, shuffle=shuffle, seed=7, drop_last=drop_last, epoch=epoch
+            )
             assert got == want
             assert len(got) == len(pf)
             flat = sorted(itertools.chain.from_iterable(got))
@@ -57,8 +67,14 @@ def test_ordered_epochs_match_sampler_order(shuffle: bool, drop_last: bool) -> N
 
 def test_shuffles_differ_across_epochs_and_seeds() -> None:
     def epoch_orders(seed: int) -> list[list[int]]:
-        with fastq.Prefetcher(PatternDataset(50), batch_size=50, workers=1, shuffle=True,
-                              seed=seed, start_method="fork") as pf:
+        with fastq.Prefetcher(
+            PatternDataset(50),
+            batch_size=50,
+            workers=1,
+            shuffle=True,
+            seed=seed,
+            start_method="fork",
+        ) as pf:
             return [next(iter(pf))[1].tolist() for _ in range(2)]
 
     a0, a1 = epoch_orders(1)
@@ -70,9 +86,16 @@ def test_shuffles_differ_across_epochs_and_seeds() -> None:
 
 def test_unordered_gives_every_index_once() -> None:
     n, bs = 200, 7
-    with fastq.Prefetcher(SlowDataset(n, 0.0005), batch_size=bs, workers=3, slots=5,
-                          ordered=False, shuffle=True, seed=3,
-                          start_method="fork") as pf:
+    with fastq.Prefetcher(
+        SlowDataset(n, 0.0005),
+        batch_size=bs,
+        workers=3,
+        slots=5,
+        ordered=False,
+        shuffle=True,
+        seed=3,
+        start_method="fork",
+    ) as pf:
         for _ in range(2):
             seen = list(itertools.chain.from_iterable(b[1].tolist() for b in pf))
             assert sorted(seen) == list(range(n))
@@ -80,8 +103,9 @@ def test_unordered_gives_every_index_once() -> None:
 
 def test_break_then_next_epoch_starts_fresh() -> None:
     n, bs = 60, 6
-    with fastq.Prefetcher(PatternDataset(n), batch_size=bs, workers=2, slots=4,
-                          start_method="fork") as pf:
+    with fastq.Prefetcher(
+        PatternDataset(n), batch_size=bs, workers=2, slots=4, start_method="fork"
+    ) as pf:
         for k, _ in enumerate(pf):
             if k == 2:
                 break
@@ -92,8 +116,14 @@ def test_break_then_next_epoch_starts_fresh() -> None:
 
 
 def test_unordered_break_then_next_epoch() -> None:
-    with fastq.Prefetcher(PatternDataset(60), batch_size=6, workers=2, slots=4,
-                          ordered=False, start_method="fork") as pf:
+    with fastq.Prefetcher(
+        PatternDataset(60),
+        batch_size=6,
+        workers=2,
+        slots=4,
+        ordered=False,
+        start_method="fork",
+    ) as pf:
         next(iter(pf))
         seen = sorted(itertools.chain.from_iterable(b[1].tolist() for b in pf))
         assert seen == list(range(60))
@@ -101,15 +131,31 @@ def test_unordered_break_then_next_epoch() -> None:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_rank_shards_follow_distributed_sampler(world_size: int, drop_last: bool) -> None:
+def test_rank_shards_follow_distributed_sampler(
+    world_size: int, drop_last: bool
+) -> None:
     n, bs = 47, 4
     shards = []
     for rank in range(world_size):
-        s = EpochSampler(n, bs, shuffle=True, seed=5, drop_last=drop_last,
-                         rank=rank, world_size=world_size)
+        s = EpochSampler(
+            n,
+            bs,
+            shuffle=True,
+            seed=5,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+        )
         got = [s.batch_indices(t).tolist() for t in range(s.batches_per_epoch)]
-        assert got == reference_epoch(n, bs, shuffle=True, seed=5, drop_last=drop_last,
-                                      rank=rank, world_size=world_size)
+        assert got == reference_epoch(
+            n,
+            bs,
+            shuffle=True,
+            seed=5,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+        )
         shards.append(set(itertools.chain.from_iterable(got)))
     union = set().union(*shards)
     if drop_last:
@@ -119,7 +165,13 @@ def test_rank_shards_follow_distributed_sampler(world_size: int, drop_last: bool
 
 
 def test_len_is_batches_per_epoch_on_this_rank() -> None:
-    with fastq.Prefetcher(PatternDataset(100), batch_size=8, workers=1, rank=1,
-                          world_size=3, start_method="fork") as pf:
+    with fastq.Prefetcher(
+        PatternDataset(100),
+        batch_size=8,
+        workers=1,
+        rank=1,
+        world_size=3,
+        start_method="fork",
+    ) as pf:
         assert len(pf) == 5  # 34 samples on this rank
         assert sum(len(b[1]) for b in pf) == 34

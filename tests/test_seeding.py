@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import RandomDataset
 
 import fastq
-from helpers import RandomDataset
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def run(workers: int, seed: int) -> list[np.ndarray]:
-    with fastq.Prefetcher(RandomDataset(), batch_size=4, workers=workers, seed=seed,
-                          shuffle=True, start_method="fork") as pf:
+    with fastq.Prefetcher(
+        RandomDataset(),
+        batch_size=4,
+        workers=workers,
+        seed=seed,
+        shuffle=True,
+        start_method="fork",
+    ) as pf:
         out = []
         for _ in range(2):
             out += [np.concatenate([a.ravel(), b, c.astype(float)]) for a, b, c in pf]
@@ -46,5 +52,7 @@ class InfoSource:
         if info is None:  # the parent's probe for the spec
             yield np.zeros((1, 5), np.int64)
             return
-        yield np.array([[info.id, info.num_workers, info.seed, info.rank,
-                         info.world_size]], np.int64)
+        yield np.array(
+            [[info.id, info.num_workers, info.seed, info.rank, info.world_size]],
+            np.int64,
+        )

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import IMAGE_SHAPE, PatternDataset, WrongDtypeDataset, WrongShapeDataset
 
 import fastq
 from fastq._spec import BatchSpec
-from helpers import IMAGE_SHAPE, PatternDataset, WrongDtypeDataset, WrongShapeDataset
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,8 +25,9 @@ def test_inferred_spec_describes_every_field() -> None:
 
 def test_explicit_spec_is_used() -> None:
     spec = {"image": (IMAGE_SHAPE, "uint8"), "index": ((), "int64")}
-    with fastq.Prefetcher(DictOfPattern(12), batch_size=4, workers=1, spec=spec,
-                          start_method="fork") as pf:
+    with fastq.Prefetcher(
+        DictOfPattern(12), batch_size=4, workers=1, spec=spec, start_method="fork"
+    ) as pf:
         batch = next(iter(pf))
         assert set(batch) == {"image", "index"}
         assert batch["image"].shape == (4, *IMAGE_SHAPE)
@@ -38,10 +39,13 @@ class DictOfPattern(PatternDataset):
         return {"image": image, "index": index}
 
 
-@pytest.mark.parametrize("dataset,field,got", [
-    (WrongShapeDataset(10), "'[0]'", "shape (3, 2, 7)"),
-    (WrongDtypeDataset(10), "'[2]'", "dtype float64"),
-])
+@pytest.mark.parametrize(
+    "dataset,field,got",
+    [
+        (WrongShapeDataset(10), "'[0]'", "shape (3, 2, 7)"),
+        (WrongDtypeDataset(10), "'[2]'", "dtype float64"),
+    ],
+)
 def test_a_wrong_sample_names_the_field(dataset, field, got) -> None:  # type: ignore[no-untyped-def]
     with fastq.Prefetcher(dataset, batch_size=2, workers=2, start_method="fork") as pf:
         with pytest.raises(fastq.SpecError) as info:
@@ -53,9 +57,13 @@ def test_a_wrong_sample_names_the_field(dataset, field, got) -> None:  # type: i
 
 
 def test_explicit_spec_mismatch_is_reported() -> None:
-    with fastq.Prefetcher(PatternDataset(8), batch_size=2, workers=1,
-                          spec=(((3, 5, 7), "uint8"), ((), "int32"), ((), "float32")),
-                          start_method="fork") as pf:
+    with fastq.Prefetcher(
+        PatternDataset(8),
+        batch_size=2,
+        workers=1,
+        spec=(((3, 5, 7), "uint8"), ((), "int32"), ((), "float32")),
+        start_method="fork",
+    ) as pf:
         with pytest.raises(fastq.SpecError, match=r"field '\[1\]'.*dtype int32.*int64"):
             next(iter(pf))
 
@@ -77,8 +85,13 @@ def test_structure_mismatch_is_a_spec_error() -> None:
 
 def test_bad_spec_argument_explains_the_format() -> None:
     with pytest.raises(fastq.SpecError, match="expected \\(shape, dtype\\)"):
-        fastq.Prefetcher(PatternDataset(4), batch_size=2, spec={"x": 3},
-                         start_method="fork")
+        fastq.Prefetcher(
+            PatternDataset(4), batch_size=2, spec={"x": 3}, start_method="fork"
+        )
     with pytest.raises(fastq.SpecError, match="not a numpy dtype"):
-        fastq.Prefetcher(PatternDataset(4), batch_size=2, spec={"x": ((2,), "nope")},
-                         start_method="fork")
+        fastq.Prefetcher(
+            PatternDataset(4),
+            batch_size=2,
+            spec={"x": ((2,), "nope")},
+            start_method="fork",
+        )

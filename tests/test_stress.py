@@ -14,9 +14,9 @@ import time
 from typing import Any
 
 import pytest
+from helpers import ChecksumDataset, checksum_ok
 
 import fastq
-from helpers import ChecksumDataset, checksum_ok
 
 
 def one_run(rng: random.Random, totals: dict[str, Any]) -> None:
@@ -27,9 +27,16 @@ def one_run(rng: random.Random, totals: dict[str, Any]) -> None:
     n = rng.randint(50, 3000)
     bs = rng.randint(1, 16)
     kill_at = rng.randint(1, 200) if rng.random() < 0.25 else None
-    pf = fastq.Prefetcher(ChecksumDataset(n), batch_size=bs, workers=workers,
-                          slots=slots, ordered=ordered, shuffle=rng.random() < 0.5,
-                          seed=rng.randint(0, 1 << 30), start_method=method)
+    pf = fastq.Prefetcher(
+        ChecksumDataset(n),
+        batch_size=bs,
+        workers=workers,
+        slots=slots,
+        ordered=ordered,
+        shuffle=rng.random() < 0.5,
+        seed=rng.randint(0, 1 << 30),
+        start_method=method,
+    )
     held: list[tuple[Any, ...]] = []
     consumed = 0
     with pf:
@@ -65,8 +72,14 @@ def one_run(rng: random.Random, totals: dict[str, Any]) -> None:
 
 def stress(batches: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
-    totals: dict[str, Any] = {"runs": 0, "batches": 0, "corrupted": 0,
-                              "lost_or_duplicated": 0, "faults": 0, "detect_s": []}
+    totals: dict[str, Any] = {
+        "runs": 0,
+        "batches": 0,
+        "corrupted": 0,
+        "lost_or_duplicated": 0,
+        "faults": 0,
+        "detect_s": [],
+    }
     while totals["batches"] < batches:
         one_run(rng, totals)
     detect = totals.pop("detect_s")

@@ -8,20 +8,24 @@ import signal
 import time
 
 import pytest
+from helpers import FailingDataset, PatternDataset, SuicideDataset
 
 import fastq
-from helpers import FailingDataset, PatternDataset, SuicideDataset
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize("kind,type_name", [
-    ("value", "ValueError"),
-    ("needs-args", "NeedsArgs"),
-    ("unpicklable", "Unpicklable"),
-])
-def test_user_exception_becomes_worker_error(start_method: str, kind: str,
-                                             type_name: str) -> None:
+@pytest.mark.parametrize(
+    "kind,type_name",
+    [
+        ("value", "ValueError"),
+        ("needs-args", "NeedsArgs"),
+        ("unpicklable", "Unpicklable"),
+    ],
+)
+def test_user_exception_becomes_worker_error(
+    start_method: str, kind: str, type_name: str
+) -> None:
     ds = FailingDataset(40, bad=13, kind=kind)
     with fastq.Prefetcher(ds, batch_size=4, workers=2, start_method=start_method) as pf:
         got = []
@@ -37,8 +41,13 @@ def test_user_exception_becomes_worker_error(start_method: str, kind: str,
 
 
 def test_worker_init_failure_is_reported() -> None:
-    with fastq.Prefetcher(PatternDataset(8), batch_size=2, workers=2,
-                          worker_init=failing_init, start_method="fork") as pf:
+    with fastq.Prefetcher(
+        PatternDataset(8),
+        batch_size=2,
+        workers=2,
+        worker_init=failing_init,
+        start_method="fork",
+    ) as pf:
         with pytest.raises(fastq.WorkerError, match="init failed in worker"):
             list(pf)
 
@@ -47,11 +56,18 @@ def failing_init(worker_id: int) -> None:
     raise RuntimeError(f"init failed in worker {worker_id}")
 
 
-@pytest.mark.parametrize("signum,name", [(signal.SIGKILL, "SIGKILL"),
-                                         (signal.SIGSEGV, "SIGSEGV")])
-def test_killed_worker_raises_worker_died_promptly(start_method: str, signum, name) -> None:  # type: ignore[no-untyped-def]
-    with fastq.Prefetcher(SuicideDataset(100, bad=21, signum=signum), batch_size=4,
-                          workers=2, start_method=start_method) as pf:
+@pytest.mark.parametrize(
+    "signum,name", [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV")]
+)
+def test_killed_worker_raises_worker_died_promptly(
+    start_method: str, signum, name
+) -> None:  # type: ignore[no-untyped-def]
+    with fastq.Prefetcher(
+        SuicideDataset(100, bad=21, signum=signum),
+        batch_size=4,
+        workers=2,
+        start_method=start_method,
+    ) as pf:
         t0 = time.monotonic()
         with pytest.raises(fastq.WorkerDied) as info:
             for _ in pf:

@@ -14,8 +14,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-import fastq  # noqa: E402
-from helpers import PatternDataset, StuckDataset  # noqa: E402
+from helpers import PatternDataset, StuckDataset
+
+import fastq
 
 
 def children() -> list[int]:
@@ -47,21 +48,28 @@ def main(scenario: str, method: str) -> None:
     if scenario == "killed-consumer":
         # The worker on batch 0 is stuck in user code (sample 1); the others fill the
         # ring and wait for a free slot.
-        pf = fastq.Prefetcher(StuckDataset(1000, stuck=1), batch_size=2, workers=3,
-                              slots=2, start_method=method)
+        pf = fastq.Prefetcher(
+            StuckDataset(1000, stuck=1),
+            batch_size=2,
+            workers=3,
+            slots=2,
+            start_method=method,
+        )
         announce(pf)
         time.sleep(0.3)  # let workers reach their states
         time.sleep(60)
     elif scenario == "sigint-waiting":
-        with fastq.Prefetcher(StuckDataset(1000, stuck=1), batch_size=2, workers=2,
-                              start_method=method) as pf:
+        with fastq.Prefetcher(
+            StuckDataset(1000, stuck=1), batch_size=2, workers=2, start_method=method
+        ) as pf:
             announce(pf)
             print("waiting", flush=True)
             for _ in pf:
                 pass
     elif scenario == "sigint-in-body":
-        with fastq.Prefetcher(PatternDataset(1000), batch_size=2, workers=2,
-                              start_method=method) as pf:
+        with fastq.Prefetcher(
+            PatternDataset(1000), batch_size=2, workers=2, start_method=method
+        ) as pf:
             announce(pf)
             for _ in pf:
                 print("in body", flush=True)

@@ -8,11 +8,13 @@ import gc
 import os
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import procstat
-from .transports import TRANSPORTS, Case, first_leaf
+from .transports import TRANSPORTS, Case, Feed, first_leaf
 from .workloads import read_stamp
 
 
@@ -27,6 +29,8 @@ class Budget:
 class Options:
     perf: bool = False          # count system calls with `perf stat`
     consumer_step_s: float = 0  # busy work per batch in the consumer
+    first_only: bool = False    # stop after the first batch (start-up runs)
+    note: str = ""              # added to the result's notes
 
 
 @dataclass
@@ -101,6 +105,7 @@ def _busy(seconds: float) -> None:
 
 def _per_batch(delta: procstat.Counters, perf: dict[str, int] | None,
                n: int) -> Side:
+    n = max(1, n)
     side = Side(1e6 * delta.cpu_s / n, delta.minflt / n, delta.csw / n)
     if perf is not None:
         side.syscalls = perf.get("raw_syscalls:sys_enter", 0) / n
@@ -110,90 +115,139 @@ def _per_batch(delta: procstat.Counters, perf: dict[str, int] | None,
     return side
 
 
-def run(case: Case, budget: Budget, options: Options | None = None) -> Result:
-    """Opens the case's transport, measures it, closes it."""
+class Meter:
+    """A started case in this process: warm-up, timed blocks of batches and
+    the counters around them. run() drives it for the CLI; benchmarks/
+    drives it under pytest-benchmark."""
+
+    def __init__(self, feed: Feed, case: Case, options: Options, result: Result) -> None:
+        self.it = feed.batches
+        self.feed = feed
+        self.case = case
+        self.options = options
+        self.result = result
+        self.batch: Any = None  # held, as a `for` loop's variable would be
+        self.latencies: list[int] = []
+        self._perfs: list[procstat.PerfStat] = []
+        self._producers: list[int] = []
+        self._c0 = self._p0 = procstat.Counters()
+        self._counted = 0
+
+    def first(self, t_open: float) -> None:
+        self.batch = next(self.it)
+        read_stamp(first_leaf(self.batch))
+        self.result.first_batch_s = time.perf_counter() - t_open
+
+    def warm_up(self, budget: Budget) -> int:
+        """Consumes for budget.warmup_s (at least 3 batches); returns the
+        batches per block that make budget.blocks blocks last budget.seconds."""
+        step = self.options.consumer_step_s
+        n = 0
+        t0 = time.perf_counter()
+        while n < 3 or time.perf_counter() - t0 < budget.warmup_s:
+            self.batch = next(self.it)
+            read_stamp(first_leaf(self.batch))
+            _busy(step)
+            n += 1
+        rate = n / (time.perf_counter() - t0)
+        return max(1, round(rate * budget.seconds / max(1, budget.blocks)))
+
+    def block(self, k: int) -> float:
+        """Takes k batches (reading each one's stamp); returns the seconds."""
+        it, step = self.it, self.options.consumer_step_s
+        pace = self.case.pace_s > 0
+        t = time.perf_counter()
+        for _ in range(k):
+            self.batch = next(it)
+            _, sent = read_stamp(first_leaf(self.batch))
+            if pace:
+                self.latencies.append(time.perf_counter_ns() - sent)
+            if step:
+                _busy(step)
+        dt = time.perf_counter() - t
+        self.result.block_rates.append(k / dt)
+        self.result.batches += k
+        self.result.seconds += dt
+        return dt
+
+    def start_counting(self) -> None:
+        me = os.getpid()
+        self._producers = procstat.children_of(me)
+        if self.options.perf and procstat.perf_available():
+            self._perfs = [procstat.PerfStat([me])]
+            if self._producers:
+                self._perfs.append(procstat.PerfStat(self._producers))
+            for p in self._perfs:
+                p.enable()
+        self._counted = self.result.batches
+        self._c0 = procstat.self_counters()
+        self._p0 = procstat.tree_counters(self._producers)
+
+    def stop_counting(self) -> Result:
+        """Per-batch counters since start_counting, PSS now (steady state:
+        every batch in flight), latency percentiles, ring occupancy."""
+        n = self.result.batches - self._counted
+        counts: list[dict[str, int] | None] = [None, None]
+        for p in self._perfs:
+            p.disable()
+        for i, p in enumerate(self._perfs):
+            counts[i] = p.close()
+        c1 = procstat.self_counters()
+        p1 = procstat.tree_counters(self._producers)
+        r = self.result
+        r.pss_bytes = procstat.total_pss(os.getpid())
+        r.consumer = _per_batch(c1 - self._c0, counts[0], n)
+        r.producers = _per_batch(p1 - self._p0, counts[1], n)
+        if self.latencies:
+            lat = sorted(self.latencies)
+            q = len(lat)
+            r.latency_us = {
+                "p50": lat[q // 2] / 1e3,
+                "p90": lat[min(q - 1, q * 9 // 10)] / 1e3,
+                "p99": lat[min(q - 1, q * 99 // 100)] / 1e3,
+                "max": lat[-1] / 1e3,
+            }
+        if self.feed.stats is not None:
+            r.mean_ready = self.feed.stats().get("mean_ready")
+        return r
+
+
+@contextmanager
+def started(case: Case, options: Options | None = None) -> Iterator[Meter]:
+    """Opens the case's transport and takes the first batch (timed from the
+    transport's construction, its imports excluded); closes it on exit."""
     options = options or Options()
     transport = TRANSPORTS[case.transport]
     result = Result(asdict(case), transport.label, case.shape.batch_bytes)
-    missing = transport.missing()
-    if missing:
-        result.error = missing
-        return result
     opener = transport.resolve()  # imports happen before the clock starts
     gc.collect()
     t_open = time.perf_counter()
     with opener(case) as feed:
-        it = feed.batches
-        batch = next(it)
-        read_stamp(first_leaf(batch))
-        result.first_batch_s = time.perf_counter() - t_open
+        meter = Meter(feed, case, options, result)
+        meter.first(t_open)
         result.notes += feed.notes
-        _measure(it, batch, case, budget, options, result)
-        if feed.stats is not None:
-            result.mean_ready = feed.stats().get("mean_ready")
-        del batch
-    return result
+        if options.note:
+            result.notes.append(options.note)
+        try:
+            yield meter
+        finally:
+            meter.batch = None
 
 
-def _measure(it: Any, batch: Any, case: Case, budget: Budget, options: Options,
-             result: Result) -> None:
-    step = options.consumer_step_s
-    # Warm-up: the first batches pay for caches, page faults, JITs of all
-    # kinds; its rate sizes the timed blocks.
-    n = 0
-    t0 = time.perf_counter()
-    while n < 3 or time.perf_counter() - t0 < budget.warmup_s:
-        batch = next(it)
-        read_stamp(first_leaf(batch))
-        _busy(step)
-        n += 1
-    rate = n / (time.perf_counter() - t0)
-    per_block = max(1, round(rate * budget.seconds / max(1, budget.blocks)))
-
-    me = os.getpid()
-    producers = procstat.children_of(me)
-    perfs: list[procstat.PerfStat] = []
-    if options.perf and procstat.perf_available():
-        perfs = [procstat.PerfStat([me])]
-        if producers:
-            perfs.append(procstat.PerfStat(producers))
-        for p in perfs:
-            p.enable()
-    c0 = procstat.self_counters()
-    p0 = procstat.tree_counters(producers)
-    latencies: list[int] = []
-    pace = case.pace_s > 0
-    total = 0
-    t_start = time.perf_counter()
-    for _ in range(max(1, budget.blocks)):
-        t = time.perf_counter()
-        for _ in range(per_block):
-            batch = next(it)
-            _, sent = read_stamp(first_leaf(batch))
-            if pace:
-                latencies.append(time.perf_counter_ns() - sent)
-            if step:
-                _busy(step)
-        result.block_rates.append(per_block / (time.perf_counter() - t))
-        total += per_block
-    result.seconds = time.perf_counter() - t_start
-    result.batches = total
-    counts: list[dict[str, int] | None] = [None, None]
-    for p in perfs:
-        p.disable()
-    for i, p in enumerate(perfs):
-        counts[i] = p.close()
-    c1 = procstat.self_counters()
-    p1 = procstat.tree_counters(producers)
-    result.pss_bytes = procstat.total_pss(me)  # steady state: all in flight
-    result.consumer = _per_batch(c1 - c0, counts[0], total)
-    result.producers = _per_batch(p1 - p0, counts[1], total)
-    if latencies:
-        latencies.sort()
-        q = len(latencies)
-        result.latency_us = {
-            "p50": latencies[q // 2] / 1e3,
-            "p90": latencies[min(q - 1, q * 9 // 10)] / 1e3,
-            "p99": latencies[min(q - 1, q * 99 // 100)] / 1e3,
-            "max": latencies[-1] / 1e3,
-        }
+def run(case: Case, budget: Budget, options: Options | None = None) -> Result:
+    """Measures one case in this process: first batch, warm-up, blocks."""
+    options = options or Options()
+    transport = TRANSPORTS[case.transport]
+    missing = transport.missing()
+    if missing:
+        result = Result(asdict(case), transport.label, case.shape.batch_bytes)
+        result.error = missing
+        return result
+    with started(case, options) as meter:
+        if options.first_only:
+            return meter.result
+        per_block = meter.warm_up(budget)
+        meter.start_counting()
+        for _ in range(max(1, budget.blocks)):
+            meter.block(per_block)
+        return meter.stop_counting()

@@ -1,84 +1,243 @@
-"""`python -m fastq bench`: run transports side by side, print a table of
-throughput with ratios to memcpy and to the pickled queue."""
+"""`python -m fastq bench`: choose transports, shapes, workers, slots and a
+time budget; run every case (each in a fresh interpreter by default); print
+a progress line per case and tables with ratios; optionally JSON and a plot."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
+import shlex
 import sys
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .transports import DEFAULT_TRANSPORTS, MEMCPY, QUEUE, TRANSPORTS, Budget, Result
-from .workloads import DEFAULT_WORKLOAD, WORKLOADS
+from . import cases, report
+from .isolated import run_isolated
+from .measure import Budget, Options, Result, run
+from .transports import FASTQ, PEERS, TRANSPORTS, Case
+from .workloads import DEFAULT_WORKLOAD, SHAPES, WORKLOADS
+
+SECTIONS = ("throughput", "latency", "startup", "steady", "compute")
+GROUPS = {"all": tuple(TRANSPORTS), "fastq-all": FASTQ, "peers": PEERS,
+          "limits": ("memcpy-hot", "memcpy")}
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m fastq bench",
-        description="Throughput of fastq next to a pickled multiprocessing.Queue "
-        "and a plain memcpy of the same bytes, in one run.",
+        description="fastq next to a pickled multiprocessing.Queue (as Keras' "
+        "GeneratorEnqueuer uses it, and blocking), PyTorch's DataLoader, "
+        "faster-fifo and a plain memcpy of the same bytes, in one run. Every "
+        "producer does the same work per batch; warm-up is excluded; the "
+        "median of timed blocks is reported.",
+        epilog="With no options: throughput of every available transport on "
+        f"the {DEFAULT_WORKLOAD} shape with 1 worker (about a minute).",
     )
-    p.add_argument("--workload", "-w", action="append", choices=sorted(WORKLOADS),
-                   help=f"batch shape (repeatable; default {DEFAULT_WORKLOAD})")
-    p.add_argument("--transport", "-t", action="append", choices=sorted(TRANSPORTS),
-                   help="transport (repeatable; default: all)")
-    p.add_argument("--workers", type=int, default=1, help="producer processes (1)")
-    p.add_argument("--slots", type=int, default=4,
-                   help="ring slots / queue size (4)")
-    p.add_argument("--seconds", type=float, default=8.0,
-                   help="measured seconds per case, after warm-up (8)")
-    p.add_argument("--warmup", type=int, default=10, help="warm-up batches (10)")
-    p.add_argument("--json", metavar="FILE", help="also write results as JSON")
+    p.add_argument("-t", "--transport", action="append", metavar="NAME",
+                   help="transports, repeatable or comma-separated: "
+                   f"{', '.join(TRANSPORTS)}, or a group: {', '.join(GROUPS)} "
+                   "(default: all)")
+    p.add_argument("-s", "--shape", "-w", "--workload", action="append",
+                   metavar="SHAPE", dest="shape",
+                   help=f"batch shapes, repeatable or comma-separated: "
+                   f"{', '.join(SHAPES)}, or all (default: {DEFAULT_WORKLOAD})")
+    p.add_argument("--workers", type=int, nargs="+", metavar="N",
+                   help="producer processes, one or more counts (default: 1)")
+    p.add_argument("--slots", type=int, metavar="N",
+                   help="batches in flight ahead of the consumer: fastq slots=, "
+                   "queue maxsize, DataLoader prefetch_factor x workers "
+                   "(default: 2 per worker, fastq's and DataLoader's default)")
+    p.add_argument("--seconds", type=float, default=3.0,
+                   help="measured seconds per case, after warm-up (3)")
+    p.add_argument("--warmup", type=float, default=0.5,
+                   help="warm-up seconds per case, at least 3 batches (0.5)")
+    p.add_argument("--blocks", type=int, default=5,
+                   help="timed blocks per case; the median is reported (5)")
+    p.add_argument("--case", action="append", choices=SECTIONS, dest="sections",
+                   help="what to measure, repeatable (default: throughput): "
+                   "latency = hand-over of paced small batches; startup = time "
+                   "to first batch under spawn; steady = system calls and page "
+                   "faults per batch (perf); compute = compute-bound workers")
+    p.add_argument("--all", action="store_true",
+                   help="every shape, workers 1 and 2, and every --case")
+    p.add_argument("--perf", action="store_true",
+                   help="also count system calls per batch in throughput cases")
+    p.add_argument("--in-process", action="store_true",
+                   help="run cases in this process instead of one fresh "
+                   "interpreter each (faster; memory and start-up figures then "
+                   "include whatever earlier cases imported)")
+    p.add_argument("--json", metavar="FILE", help="write every result as JSON")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw GB/s per transport per shape (needs matplotlib)")
     return p
 
 
-def machine() -> str:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{platform.machine()}, {cpus} CPUs, Linux {platform.release()}, Python {platform.python_version()}"
+def _expand(values: Sequence[str] | None, allowed: Sequence[str],
+            groups: dict[str, Sequence[str]], default: Sequence[str],
+            what: str) -> list[str]:
+    if not values:
+        return list(default)
+    out: list[str] = []
+    for v in values:
+        for name in filter(None, (x.strip() for x in v.split(","))):
+            if name in allowed:
+                if name not in out:
+                    out.append(name)
+            elif name in groups:
+                out += [x for x in groups[name] if x not in out]
+            else:
+                raise SystemExit(f"python -m fastq bench: unknown {what} {name!r}; "
+                                 f"choose from {', '.join([*allowed, *groups])}")
+    return out
 
 
-def _table(results: list[Result]) -> str:
-    base = {r.transport: r for r in results}
-    memcpy = base.get(MEMCPY)
-    queue = base.get(QUEUE)
-    lines = [f"{'transport':24} {'batches/s':>10} {'GB/s':>7} {'us/batch':>9} "
-             f"{'1st batch s':>11} {'x memcpy':>9} {'x queue':>8}"]
-    for r in results:
-        vm = f"{r.batches_per_s / memcpy.batches_per_s:9.2f}" if memcpy else f"{'-':>9}"
-        vq = f"{r.batches_per_s / queue.batches_per_s:8.1f}" if queue else f"{'-':>8}"
-        lines.append(f"{r.transport:24} {r.batches_per_s:10.1f} {r.gb_per_s:7.2f} "
-                     f"{r.us_per_batch:9.1f} {r.first_batch_s:11.3f} {vm} {vq}")
-    return "\n".join(lines)
+class _Session:
+    """Runs cases one after another with a progress line each."""
+
+    def __init__(self, budget: Budget, in_process: bool, total: int) -> None:
+        self.budget = budget
+        self.in_process = in_process
+        self.total = total
+        self.done = 0
+        self.records: list[dict[str, Any]] = []
+        self.skipped: set[str] = set()
+
+    def run(self, section: str, case: Case, options: Options | None = None,
+            budget: Budget | None = None) -> Result:
+        options = options or Options()
+        budget = budget or self.budget
+        self.done += 1
+        t = TRANSPORTS[case.transport]
+        print(f"[{self.done:3}/{self.total}] {section:10} {case.workload:8} "
+              f"w={case.workers} {t.label:28}", end=" ", flush=True, file=sys.stderr)
+        missing = t.missing()
+        if missing:
+            result = run(case, budget, options)  # records the reason only
+            self.skipped.add(missing)
+        elif self.in_process:
+            result = run(case, budget, options)
+        else:
+            result = run_isolated(case, budget, options)
+        print(_progress(result), file=sys.stderr, flush=True)
+        self.records.append({"section": section, **result.to_json()})
+        return result
+
+
+def _progress(r: Result) -> str:
+    if r.error:
+        return r.error.split(": ", 1)[-1]
+    if not r.batches:
+        return f"first batch {r.first_batch_s:.3f} s"
+    text = (f"{r.batches_per_s:10.1f} batches/s {r.gb_per_s:7.2f} GB/s  "
+            f"first batch {r.first_batch_s:.2f} s")
+    if r.latency_us:
+        text += f"  latency p50 {r.latency_us['p50']:.1f} us"
+    return text
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.2f} (1 min), {five:.2f} (5 min)"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    workloads = args.workload or [DEFAULT_WORKLOAD]
-    transports = args.transport or list(DEFAULT_TRANSPORTS)
-    budget = Budget(args.seconds, args.warmup)
-    print(f"fastq bench on {machine()}")
-    print(f"workers={args.workers} slots={args.slots}, {args.seconds:g} s per case "
-          f"after {args.warmup} warm-up batches\n")
-    report: list[dict[str, Any]] = []
-    for name in workloads:
-        w = WORKLOADS[name]
-        print(f"workload {name}: {w.describe()}", flush=True)
-        results = []
-        for t in transports:
-            print(f"  running {t} ...", end="", flush=True, file=sys.stderr)
-            r = TRANSPORTS[t](w, args.workers, args.slots, budget)
-            print(f" {r.batches_per_s:.1f} batches/s", file=sys.stderr)
-            results.append(r)
-            report.append({"workload": name, "transport": r.transport,
-                           "batches_per_s": r.batches_per_s, "gb_per_s": r.gb_per_s,
-                           "us_per_batch": r.us_per_batch,
-                           "first_batch_s": r.first_batch_s, "batches": r.batches,
-                           "seconds": r.seconds, "batch_bytes": r.batch_bytes,
-                           "workers": args.workers, "slots": args.slots})
-        print(_table(results) + "\n")
+    sections = list(SECTIONS) if args.all else (args.sections or ["throughput"])
+    shapes = _expand(args.shape, SHAPES, {"all": SHAPES},
+                     SHAPES if args.all else [DEFAULT_WORKLOAD], "shape")
+    transports = _expand(args.transport, list(TRANSPORTS), GROUPS, TRANSPORTS,
+                         "transport")
+    workers = args.workers or ([1, 2] if args.all else [1])
+    if any(w < 1 for w in workers) or (args.slots is not None and args.slots < 1):
+        raise SystemExit("python -m fastq bench: --workers and --slots must be >= 1")
+    budget = Budget(args.seconds, args.warmup, args.blocks)
+
+    plan: list[tuple[str, Callable[[_Session], None]]] = []
+    results: dict[str, list[Result]] = {s: [] for s in SECTIONS}
+    text: list[str] = []
+
+    def add(section: str, jobs: list[tuple[Case, Options | None, Budget | None]],
+            render: Callable[[list[Result]], None]) -> None:
+        def go(session: _Session) -> None:
+            out = [session.run(section, c, o, b) for c, o, b in jobs]
+            results[section] += out
+            render(out)
+        plan.append((section, go))
+        counts.append(len(jobs))
+
+    counts: list[int] = []
+    if "throughput" in sections:
+        jobs = [(c, Options(perf=args.perf), None)
+                for c in cases.throughput(shapes, transports, workers, args.slots)]
+
+        def tables(out: list[Result]) -> None:
+            groups: dict[tuple[str, int], list[Result]] = {}
+            for r in out:
+                groups.setdefault((r.case["workload"], r.case["workers"]), []).append(r)
+            for (shape, w), rs in groups.items():
+                text.append(report.heading(shape, w, int(rs[0].case["slots"])))
+                text.append(report.throughput_table(rs) + "\n")
+        add("throughput", jobs, tables)
+    if "latency" in sections:
+        add("latency", [(c, None, None) for c in cases.latency(transports, args.slots)],
+            lambda out: text.extend([
+                f"Hand-over latency: {cases.LATENCY_WORKLOAD} batches made every "
+                f"{cases.LATENCY_PACE_S * 1e3:g} ms, time from 'batch made' in the "
+                "producer to 'batch in hand' in the consumer",
+                report.latency_table(out) + "\n"]))
+    if "startup" in sections:
+        first = Options(first_only=True)
+        add("startup", [(c, first, None) for c in cases.startup(transports, args.slots)],
+            lambda out: text.extend([
+                f"Time to first batch: {cases.STARTUP_WORKLOAD}, start method "
+                f"{cases.STARTUP_METHOD}, from construction to the first batch in "
+                f"hand (median of {cases.STARTUP_REPEATS} fresh processes)",
+                report.startup_table(out) + "\n"]))
+    if "steady" in sections:
+        add("steady", [(c, o, None) for c, o in cases.steady(transports, args.slots)],
+            lambda out: text.extend([
+                "Steady state, per batch (perf stat; c = consumer, p = all "
+                "producer processes; ready = batches waiting in the ring)",
+                report.steady_table(out) + "\n"]))
+    if "compute" in sections:
+        def compute_tables(out: list[Result]) -> None:
+            ideal = cases.compute_ideal(workers)
+            w = WORKLOADS[cases.COMPUTE_WORKLOAD]
+            text.append(f"Compute-bound: {w.describe()}; {w.note}. Ideal: "
+                        "workers x the batch rate of this process making batches "
+                        "alone (" + ", ".join(f"{k}: {v:.2f}/s" for k, v in ideal.items())
+                        + ")")
+            text.append(report.compute_table(out, ideal) + "\n")
+        add("compute", [(c, None, None) for c in cases.compute(transports, workers,
+                                                               args.slots)],
+            compute_tables)
+
+    command = "python -m fastq bench" + "".join(
+        " " + shlex.quote(a) for a in (sys.argv[2:] if argv is None else argv))
+    print(f"fastq bench on {report.machine()}")
+    print(f"command: {command}")
+    print(f"load average before: {_load()}")
+    print(f"{budget.seconds:g} s per case after {budget.warmup_s:g} s warm-up, "
+          f"median of {budget.blocks} blocks; "
+          f"{'in this process' if args.in_process else 'each case in a fresh process'}\n",
+          flush=True)
+    session = _Session(budget, args.in_process, sum(counts))
+    t0 = time.perf_counter()
+    for _, go in plan:
+        go(session)
+    print()
+    print("\n".join(text))
+    for note in sorted(session.skipped):
+        print(f"note: {note}")
+    print(report.legend())
+    print(f"\n{time.perf_counter() - t0:.0f} s; load average after: {_load()}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "results": report}, f, indent=2)
+        report.write_json(args.json, {
+            "machine": report.machine(), "command": command, "budget": vars(budget),
+            "results": session.records})
+        print(f"wrote {args.json}")
+    if args.plot:
+        why = report.plot(results["throughput"], args.plot)
+        print(why or f"wrote {args.plot}")
     return 0

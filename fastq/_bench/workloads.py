@@ -218,7 +218,7 @@ class Producer:
             # From the same rotating buffers batch() hands over, so the
             # bytes read are the same as for every other transport.
             for dst, src in zip(out, self._buffer(n)):
-                np.copyto(dst, src)
+                np.copyto(dst, src[:len(dst)])  # an epoch's last batch is short
         stamp(out[0], n, self._pace())
 
     def sample(self, i: int) -> Arrays:

@@ -1,0 +1,77 @@
+"""The measurements besides throughput: hand-over latency, time to the first
+batch under spawn, system calls and page faults at steady state, and a
+compute-bound workload measured against its ideal."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Sequence
+
+from .measure import Options
+from .transports import TRANSPORTS, Case
+from .workloads import WORKLOADS, Producer, ProducerConfig
+
+# Latency: the producer makes a batch every LATENCY_PACE_S (far slower than
+# any transport's capacity), so each batch finds the consumer waiting and the
+# time from "batch made" to "batch in the consumer's hands" is the hand-over
+# alone, wake-up included.
+LATENCY_WORKLOAD = "small"
+LATENCY_PACE_S = 0.001
+STARTUP_WORKLOAD = "imagenet"
+STARTUP_METHOD = "spawn"
+STARTUP_REPEATS = 3
+COMPUTE_WORKLOAD = "compute"
+# Steady state: the consumer's simulated training step, as a multiple of the
+# producers' batch time measured free-running. Above 1 the ring stays full
+# (producers wait), below 1 it stays empty (the consumer waits).
+STEADY_WORKLOADS = ("small", "imagenet")
+
+
+def throughput(shapes: Sequence[str], transports: Sequence[str],
+               workers: Sequence[int], slots: int | None) -> list[Case]:
+    return [Case(t, s, w, slots or 2 * w) for s in shapes for w in workers
+            for t in transports]
+
+
+def latency(transports: Sequence[str], slots: int | None) -> list[Case]:
+    return [Case(t, LATENCY_WORKLOAD, 1, slots or 2, pace_s=LATENCY_PACE_S)
+            for t in transports if t != "memcpy-hot"]
+
+
+def startup(transports: Sequence[str], slots: int | None) -> list[Case]:
+    return [Case(t, STARTUP_WORKLOAD, 1, slots or 2, start_method=STARTUP_METHOD)
+            for t in transports if TRANSPORTS[t].role != "limit"
+            for _ in range(STARTUP_REPEATS)]
+
+
+def steady(transports: Sequence[str], slots: int | None
+           ) -> list[tuple[Case, Options]]:
+    """Free-running, with perf counting system calls on both sides."""
+    return [(Case(t, s, 1, slots or 2), Options(perf=True, note="free-running"))
+            for s in STEADY_WORKLOADS for t in transports
+            if TRANSPORTS[t].role != "limit"]
+
+
+def compute(transports: Sequence[str], workers: Sequence[int],
+            slots: int | None) -> list[Case]:
+    return [Case(t, COMPUTE_WORKLOAD, w, slots or 2 * w) for w in workers
+            for t in transports if TRANSPORTS[t].role != "limit"]
+
+
+def compute_ideal(workers: Sequence[int], repeats: int = 5) -> dict[int, float]:
+    """Batches/s if producing were the only cost: the compute workload's
+    batch time in this process (median of `repeats`), times the workers that
+    have a CPU of their own."""
+    producer = Producer(ProducerConfig(WORKLOADS[COMPUTE_WORKLOAD]))
+    producer.batch(0)
+    times = []
+    for n in range(1, repeats + 1):
+        t = time.perf_counter()
+        producer.batch(n)
+        times.append(time.perf_counter() - t)
+    per_batch = statistics.median(times)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+    return {w: min(w, cpus) / per_batch for w in workers}
