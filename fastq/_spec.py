@@ -35,6 +35,15 @@ class Field:
         return f"shape {self.shape} dtype {self.dtype}"
 
 
+_PYTHON_SCALARS = {"b": (bool,), "i": (int,), "u": (int,), "f": (float, int)}
+
+
+def _direct_types(f: Field) -> frozenset[type]:
+    if f.shape != ():
+        return frozenset()
+    return frozenset((f.dtype.type, *_PYTHON_SCALARS.get(f.dtype.kind, ())))
+
+
 def _path(parent: str, key: Any) -> str:
     if isinstance(key, int):
         return f"{parent}[{key}]"
@@ -153,6 +162,14 @@ class BatchSpec:
         self.fields = tuple(laid)
         self.slot_bytes = max(offset, FIELD_ALIGN)
         self.row_bytes = sum(f.row_bytes for f in laid)
+        # A flat tuple (or one array) of leaves needs no flattening per row.
+        self.flat = structure is None or (
+            structure[0] == "tuple" and all(c is None for c in structure[2])
+        )
+        # Scalar types a row may hold as they are, without np.asarray: the
+        # dtype's own scalar type, and Python scalars of the same kind
+        # (numpy range-checks those on assignment).
+        self.direct_types = tuple(_direct_types(f) for f in laid)
 
     # -------------------------------------------------------- construction
 
@@ -289,9 +306,12 @@ class BatchSpec:
 
     # --------------------------------------------------------------- checks
 
-    def check_row(self, i: int, value: Any) -> np.ndarray[Any, Any]:
-        """Field i's value for one row, as an array matching the spec."""
+    def check_row(self, i: int, value: Any) -> Any:
+        """Field i's value for one row, checked against the spec: an array,
+        or a scalar numpy may assign as it is."""
         f = self.fields[i]
+        if type(value) in self.direct_types[i]:
+            return value
         arr = value if type(value) is np.ndarray else _as_array(f.name, value)
         if arr.shape != f.shape or arr.dtype != f.dtype:
             raise SpecError(

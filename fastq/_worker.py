@@ -270,23 +270,37 @@ class _Producer:
             self.ring.publish(slot, task, SLOT_BATCH, len(indices), 0, self.wid)
 
     def _write_samples(
-        self,
-        get: Callable[[int], Any],
-        keys: list[int],
-        views: list[np.ndarray[Any, Any]],
+        self, get: Callable[[int], Any], keys: list[int], views: list[np.ndarray[Any, Any]]
     ) -> None:
         """Row j of the slot = get(keys[j]); self.sample names the row being
-        produced before user code runs, so an error points at its sample."""
+        produced before user code runs, so an error points at its sample.
+        The per-sample hot loop of map-style sources: checks cost attribute
+        reads, never conversions, for leaves that already match."""
         spec = self.spec
+        nfields = len(views)
         single = spec.structure is None
+        flat = spec.flat
+        shapes = [f.shape for f in spec.fields]
+        dtypes = [f.dtype for f in spec.fields]
+        direct = spec.direct_types
+        ndarray = np.ndarray
         for j, key in enumerate(keys):
             self.sample = j
             sample = get(key)
             if single:
-                views[0][j] = spec.check_row(0, sample)
-                continue
-            for i, leaf in enumerate(spec.flatten(sample, "a sample")):
-                views[i][j] = spec.check_row(i, leaf)
+                leaves: Any = (sample,)
+            elif flat and type(sample) is tuple and len(sample) == nfields:
+                leaves = sample
+            else:
+                leaves = spec.flatten(sample, "a sample")
+            for i in range(nfields):
+                leaf = leaves[i]
+                if type(leaf) is ndarray:
+                    if leaf.shape != shapes[i] or leaf.dtype != dtypes[i]:
+                        spec.check_row(i, leaf)  # raises SpecError
+                elif type(leaf) not in direct[i]:
+                    leaf = spec.check_row(i, leaf)
+                views[i][j] = leaf
 
     # ------------------------------------------------------------- callable
 
