@@ -275,9 +275,13 @@ class BatchSpec:
 
     # ----------------------------------------------------------- structure
 
-    def flatten(self, item: Any, what: str) -> list[Any]:
+    def flatten(self, item: Any, what: str) -> Sequence[Any]:
         """The item's leaves in field order, or SpecError if its structure
         differs from the spec's."""
+        if self.structure is None:
+            return (item,)
+        if self.flat and type(item) is tuple and len(item) == len(self.fields):
+            return item
         out: list[Any] = []
         if not _flatten(self.structure, item, out):
             got: list[tuple[str, Any]] = []
@@ -293,6 +297,10 @@ class BatchSpec:
         return out
 
     def unflatten(self, leaves: Sequence[Any]) -> Any:
+        if self.structure is None:
+            return leaves[0]
+        if self.flat:
+            return tuple(leaves)
         return _unflatten(self.structure, iter(leaves))
 
     # ---------------------------------------------------------------- views

@@ -278,8 +278,6 @@ class _Producer:
         reads, never conversions, for leaves that already match."""
         spec = self.spec
         nfields = len(views)
-        single = spec.structure is None
-        flat = spec.flat
         shapes = [f.shape for f in spec.fields]
         dtypes = [f.dtype for f in spec.fields]
         direct = spec.direct_types
@@ -287,12 +285,7 @@ class _Producer:
         for j, key in enumerate(keys):
             self.sample = j
             sample = get(key)
-            if single:
-                leaves: Any = (sample,)
-            elif flat and type(sample) is tuple and len(sample) == nfields:
-                leaves = sample
-            else:
-                leaves = spec.flatten(sample, "a sample")
+            leaves = spec.flatten(sample, "a sample")
             for i in range(nfields):
                 leaf = leaves[i]
                 if type(leaf) is ndarray:
@@ -350,7 +343,7 @@ class _Producer:
 
     def _write_batch(self, batch: Any, views: list[np.ndarray[Any, Any]]) -> int:
         spec = self.spec
-        leaves = [batch] if spec.structure is None else spec.flatten(batch, "a batch")
+        leaves = spec.flatten(batch, "a batch")
         rows = -1
         arrays = []
         for i, leaf in enumerate(leaves):
