@@ -44,6 +44,17 @@ def _direct_types(f: Field) -> frozenset[type]:
     return frozenset((f.dtype.type, *_PYTHON_SCALARS.get(f.dtype.kind, ())))
 
 
+def _same_rows(name: str, arr: np.ndarray[Any, Any], rows: int | None) -> int:
+    """The batch's row count, checking field `name` agrees with the others."""
+    if rows is not None and arr.shape[0] != rows:
+        raise SpecError(
+            f"field {name!r} of a batch: {arr.shape[0]} rows while the fields "
+            f"before it have {rows}; every field of a batch needs the same "
+            "number of rows"
+        )
+    return int(arr.shape[0])
+
+
 def _path(parent: str, key: Any) -> str:
     if isinstance(key, int):
         return f"{parent}[{key}]"
@@ -199,14 +210,7 @@ class BatchSpec:
                     f"dimension, got a scalar of dtype {arr.dtype}; yield arrays "
                     "whose first dimension is the batch size"
                 )
-            if rows is None:
-                rows = arr.shape[0]
-            elif arr.shape[0] != rows:
-                raise SpecError(
-                    f"field {name!r}: leading dimension {arr.shape[0]} differs "
-                    f"from the other fields' {rows}; every field of a batch "
-                    "needs the same number of rows"
-                )
+            rows = _same_rows(name, arr, rows)
             fields.append((name, arr.shape[1:], arr.dtype))
         if rows is None or rows == 0:
             raise SpecError("a batch needs at least one field with at least one row")
@@ -348,6 +352,16 @@ class BatchSpec:
                 "many, so yield smaller batches or pass spec= with more rows"
             )
         return arr
+
+    def batch_arrays(self, batch: Any) -> tuple[int, list[np.ndarray[Any, Any]]]:
+        """A callable source's batch as (rows, one checked array per field)."""
+        rows: int | None = None
+        arrays = []
+        for i, leaf in enumerate(self.flatten(batch, "a batch")):
+            arr = self.check_batch(i, leaf)
+            rows = _same_rows(self.fields[i].name, arr, rows)
+            arrays.append(arr)
+        return int(rows or 0), arrays
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}: {f.describe()}" for f in self.fields)

@@ -270,7 +270,10 @@ class _Producer:
             self.ring.publish(slot, task, SLOT_BATCH, len(indices), 0, self.wid)
 
     def _write_samples(
-        self, get: Callable[[int], Any], keys: list[int], views: list[np.ndarray[Any, Any]]
+        self,
+        get: Callable[[int], Any],
+        keys: list[int],
+        views: list[np.ndarray[Any, Any]],
     ) -> None:
         """Row j of the slot = get(keys[j]); self.sample names the row being
         produced before user code runs, so an error points at its sample.
@@ -342,21 +345,7 @@ class _Producer:
             ring.wait_control(seen, 1.0)
 
     def _write_batch(self, batch: Any, views: list[np.ndarray[Any, Any]]) -> int:
-        spec = self.spec
-        leaves = spec.flatten(batch, "a batch")
-        rows = -1
-        arrays = []
-        for i, leaf in enumerate(leaves):
-            arr = spec.check_batch(i, leaf)
-            if rows < 0:
-                rows = arr.shape[0]
-            elif arr.shape[0] != rows:
-                raise SpecError(
-                    f"field {spec.fields[i].name!r} of a batch: {arr.shape[0]} rows "
-                    f"while field {spec.fields[0].name!r} has {rows}; every field "
-                    "of a batch needs the same number of rows"
-                )
-            arrays.append(arr)
+        rows, arrays = self.spec.batch_arrays(batch)
         for view, arr in zip(views, arrays):
             view[:rows] = arr
         return rows
