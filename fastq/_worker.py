@@ -21,16 +21,10 @@ from ._ring import SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
 from ._sampler import EpochSampler
 from ._shm import Region, SharedFd
 from ._spec import BatchSpec
+from ._threads import limit_threads
 from ._worker_info import WorkerInfo, _set_worker_info, mix_seed
 from .errors import SpecError
 
-_THREAD_ENV = (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-)
 _PR_SET_PDEATHSIG = 1
 # Header value for "the failure was not at one sample" (a whole-batch call).
 _UNKNOWN_SAMPLE = 0xFFFFFFFF
@@ -62,7 +56,8 @@ def worker_main(cfg: WorkerConfig) -> None:
     """Runs in the worker process; returns when the ring closes."""
     _isolate_from_terminal(cfg.stack_file)
     _die_with_consumer(cfg.consumer_pid, cfg.death_signal)
-    _limit_threads(cfg.threads)
+    if cfg.threads is not None:
+        limit_threads(cfg.threads)
     ring = Ring.attach(Region.attach(cfg.region, cfg.region_size).mapping)
     ring.set_worker_pid(cfg.worker_id, os.getpid())
     info = WorkerInfo(
@@ -156,16 +151,6 @@ def _watch_consumer(pid: int) -> None:
         while _alive(pid):
             time.sleep(0.2)
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _limit_threads(threads: int | None) -> None:
-    if threads is None:
-        return
-    for name in _THREAD_ENV:
-        os.environ[name] = str(threads)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(threads)
 
 
 def _seed_globals(seed: int) -> None:

@@ -56,3 +56,31 @@ class InfoSource:
             [[info.id, info.num_workers, info.seed, info.rank, info.world_size]],
             np.int64,
         )
+
+
+class ThreadsSource:
+    def __call__(self):  # type: ignore[no-untyped-def]
+        import ctypes
+
+        from fastq._threads import _loaded_pool_libraries
+
+        counts = []
+        for path in _loaded_pool_libraries():
+            lib = ctypes.CDLL(path)
+            for symbol in (
+                "openblas_get_num_threads",
+                "openblas_get_num_threads64_",
+                "scipy_openblas_get_num_threads64_",
+            ):
+                getter = getattr(lib, symbol, None)
+                if getter is not None:
+                    counts.append(getter())
+        yield np.array([counts or [-1]], np.int64)
+
+
+def test_workers_run_one_blas_thread_by_default() -> None:
+    with fastq.Prefetcher(ThreadsSource(), workers=1, start_method="forkserver") as pf:
+        counts = next(iter(pf)).ravel().tolist()
+    if counts == [-1]:
+        pytest.skip("no OpenBLAS loaded by this numpy build")
+    assert set(counts) == {1}
