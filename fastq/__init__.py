@@ -19,6 +19,16 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # `fastq.torch` on first use, so `import fastq` never imports torch.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module("fastq.torch")
+    raise AttributeError(f"module 'fastq' has no attribute {name!r}")
+
+
 __all__ = [
     "BatchSpec",
     "ConfigError",

@@ -42,8 +42,11 @@ def get_context(start_method: str | None) -> Any:
         _refuse_fork_after_cuda()
     ctx = mp.get_context(method)
     if method == "forkserver":
-        # Workers fork from a server that already imported fastq and numpy.
-        ctx.set_forkserver_preload(["fastq._worker"])
+        # Workers fork from a server that already imported fastq, numpy and
+        # the main module (and what it imports, torch for one), instead of
+        # each worker importing them again. The main module must be
+        # import-safe (`if __name__ == "__main__":`), as under spawn.
+        ctx.set_forkserver_preload(["__main__", "fastq._worker"])
     return ctx
 
 

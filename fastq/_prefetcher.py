@@ -10,7 +10,9 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
+
+import numpy as np
 
 from . import _report
 from ._pool import WorkerPool, get_context
@@ -47,6 +49,9 @@ _MIN_SLOT_BYTES = 64 * 1024
 _SPIN_NS = int(os.environ.get("FASTQ_SPIN_US", "50")) * 1000
 
 
+_P = TypeVar("_P", bound="Prefetcher")
+
+
 def _usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -60,6 +65,19 @@ def _positive_int(name: str, value: Any, fix: str, upper: int | None = None) -> 
     if upper is not None and value > upper:
         raise ConfigError(f"{name}={value!r}: at most {upper} are supported; {fix}")
     return value
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"environment variable {name}={raw!r}: expected an integer (as torchrun "
+            f"sets it); fix or unset it, or pass {name.lower()}= explicitly"
+        ) from None
 
 
 def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -83,7 +101,9 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
     ):
         raise ConfigError(
             f"rank={rank!r}: expected 0 <= rank < world_size={world_size}; pass "
-            "the process's rank among world_size ranks"
+            "the process's rank among world_size ranks (without arguments both "
+            "come from torch.distributed or the RANK and WORLD_SIZE environment "
+            "variables)"
         )
     return rank, world_size
 
@@ -434,6 +454,7 @@ class Prefetcher:
                 self._window[task] = (slot, header)
 
     def _wait_ready(self, ring: Ring) -> int:
+        self._reclaim_slots(ring)
         held = ring.leased + len(self._window)
         if held >= ring.nslots:
             raise SlotsExhausted(
@@ -445,7 +466,8 @@ class Prefetcher:
             )
         t0 = time.perf_counter_ns()
         slot = ring.pop_ready(-1.0 if self.timeout is None else self.timeout)
-        self._wait_ns += time.perf_counter_ns() - t0
+        if self._n_batches:  # waiting for the first batch is start-up, not steady state
+            self._wait_ns += time.perf_counter_ns() - t0
         if slot >= 0:
             return slot
         if slot == ALERT and self._pool is not None and self._pool.failure is not None:
@@ -476,9 +498,16 @@ class Prefetcher:
             arrays = [a.copy() for a in arrays]
             lease.release()
         del lease
-        return (
-            arrays[0] if self._spec.structure is None else self._spec.unflatten(arrays)
-        )
+        return self._make_batch(arrays)
+
+    def _make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
+        """Turns one batch's leaf arrays (slot views, or copies) into what
+        the iteration yields. Subclasses convert them (fastq.torch)."""
+        return self._spec.unflatten(arrays)
+
+    def _reclaim_slots(self, ring: Ring) -> None:
+        """Called before the consumer waits for a batch: a subclass that
+        holds slots for pending work (a GPU copy) returns what it can."""
 
     def _discard(self, slot: int, header: tuple[Any, ...]) -> None:
         self._ring.push_free(slot)
@@ -568,7 +597,7 @@ class Prefetcher:
         if self._region is not None:
             self._region.close()
 
-    def __enter__(self) -> Prefetcher:
+    def __enter__(self: _P) -> _P:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -8,7 +8,7 @@ import inspect
 import os
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,9 @@ _HOST_REGISTER_PORTABLE = 1
 _PREFETCHER_SIGNATURE = inspect.signature(Prefetcher.__init__)
 
 
-def _bind_prefetcher_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _bind_prefetcher_args(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
     """Prefetcher's arguments by name; TypeError before any process starts
     if they do not fit its signature."""
     bound = _PREFETCHER_SIGNATURE.bind(None, *args, **kwargs)
@@ -84,9 +86,10 @@ def _resolve_device(
             "need no pinning), or run on a machine with a GPU and a CUDA build "
             "of torch"
         )
-    if dev is not None and dev.index is not None and dev.index >= torch.cuda.device_count():
+    count = torch.cuda.device_count()
+    if dev is not None and dev.index is not None and dev.index >= count:
         raise ConfigError(
-            f"device={device!r}: this process sees {torch.cuda.device_count()} "
+            f"device={device!r}: this process sees {count} "
             "CUDA device(s); use an index below that (under torchrun, usually "
             "device=f'cuda:{LOCAL_RANK}')"
         )
@@ -117,7 +120,11 @@ class _Cuda:
         self.closed = False
         self._host: np.ndarray[Any, Any] | None = None
         with torch.cuda.device(device):
-            self.stream = torch.cuda.Stream(device) if copy_stream else None
+            self.stream = (
+                torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+                if copy_stream
+                else None
+            )
 
     # ------------------------------------------------------------ pinning
 
@@ -127,11 +134,13 @@ class _Cuda:
         # The array keeps the mapping exported (it cannot be closed) for as
         # long as it is registered.
         host = np.frombuffer(mapping, dtype=np.uint8)
-        cudart = torch.cuda.cudart()
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
         with torch.cuda.device(self.device):
-            err = int(cudart.cudaHostRegister(
-                host.ctypes.data, host.nbytes, _HOST_REGISTER_PORTABLE
-            ))
+            err = int(
+                cudart.cudaHostRegister(
+                    host.ctypes.data, host.nbytes, _HOST_REGISTER_PORTABLE
+                )
+            )
         if err != 0:
             raise SharedMemoryError(
                 f"pin_memory=True: cudaHostRegister could not page-lock the "
@@ -151,7 +160,7 @@ class _Cuda:
         """Returns the slots whose GPU work is done (events complete in the
         order they were recorded on one stream, so the oldest goes first)."""
         pending = self.pending
-        while pending and pending[0][0].query():
+        while pending and pending[0][0].query():  # type: ignore[no-untyped-call]
             pending.popleft()
 
     def wait_oldest(self) -> None:
@@ -159,7 +168,7 @@ class _Cuda:
             self.pending[0][0].synchronize()
             self.reap()
 
-    def to_device(self, leaves: list[np.ndarray[Any, Any]]) -> list[torch.Tensor]:
+    def to_device(self, leaves: Sequence[np.ndarray[Any, Any]]) -> list[torch.Tensor]:
         """Queues the leaves' copies to the device on the copy stream; the
         consumer's stream waits for them, and the slot stays leased until
         they are done."""
@@ -167,8 +176,10 @@ class _Cuda:
         consumer = torch.cuda.current_stream(self.device)
         assert self.stream is not None
         with torch.cuda.stream(self.stream):
-            out = [torch.from_numpy(a).to(self.device, non_blocking=True) for a in leaves]
-            done = torch.cuda.Event()
+            out = [
+                torch.from_numpy(a).to(self.device, non_blocking=True) for a in leaves
+            ]
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self.stream)
         consumer.wait_event(done)
         for t in out:
@@ -180,7 +191,7 @@ class _Cuda:
         return out
 
     def pinned_tensors(
-        self, leaves: list[np.ndarray[Any, Any]], offsets: list[int]
+        self, leaves: Sequence[np.ndarray[Any, Any]], offsets: Sequence[int]
     ) -> list[torch.Tensor]:
         """CPU tensors over the page-locked slot. When the last of them is
         garbage the slot is not freed at once: an event is recorded on the
@@ -214,7 +225,8 @@ class _Cuda:
             self.pending.clear()
             host, self._host = self._host, None
             if host is not None:
-                err = int(torch.cuda.cudart().cudaHostUnregister(host.ctypes.data))
+                cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+                err = int(cudart.cudaHostUnregister(host.ctypes.data))
                 if err != 0:
                     raise SharedMemoryError(
                         f"cudaHostUnregister failed on the ring "
@@ -229,7 +241,7 @@ def _defer_release(cuda: _Cuda, owner: Any) -> None:
     if cuda.closed:
         return  # close() synchronised the device; dropping `owner` frees it
     try:
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(torch.cuda.current_stream(cuda.device))
     except Exception:  # interpreter or CUDA shutting down: nothing to wait for
         return
@@ -328,24 +340,19 @@ class TorchPrefetcher(Prefetcher):
 
     # ------------------------------------------------------------ batches
 
-    def _hand_out(self, slot: int, header: tuple[Any, ...]) -> Any:
-        batch = super()._hand_out(slot, header)
-        leaves = self._spec.flatten(batch, "a batch")
-        del batch
+    def _make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
         cuda = self._cuda
         if cuda is None:
             # The tensors keep the numpy views alive, and with them the
             # lease: the slot returns when the last tensor is garbage.
-            tensors = [torch.from_numpy(a) for a in leaves]
+            tensors = [torch.from_numpy(a) for a in arrays]
         elif self.device is not None:
-            tensors = cuda.to_device(leaves)
+            tensors = cuda.to_device(arrays)
         else:
-            tensors = cuda.pinned_tensors(leaves, self._offsets)
-        if self._spec.structure is None:
-            return tensors[0]
+            tensors = cuda.pinned_tensors(arrays, self._offsets)
         return self._spec.unflatten(tensors)
 
-    def _wait_ready(self, ring: Ring) -> int:
+    def _reclaim_slots(self, ring: Ring) -> None:
         cuda = self._cuda
         if cuda is not None:
             cuda.reap()
@@ -353,7 +360,6 @@ class TorchPrefetcher(Prefetcher):
             # SlotsExhausted; wait for that work instead, oldest first.
             while cuda.pending and ring.leased + len(self._window) >= ring.nslots:
                 cuda.wait_oldest()
-        return super()._wait_ready(ring)
 
     # ---------------------------------------------------------- lifecycle
 
@@ -368,9 +374,6 @@ class TorchPrefetcher(Prefetcher):
             cuda.close()
         finally:
             super().close()
-
-    def __enter__(self) -> TorchPrefetcher:
-        return self
 
 
 def _refuse_dataloader_worker() -> None:
@@ -405,8 +408,9 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
     use fastq's: DataLoader would copy every batch again.
     """
 
-    def __init__(self, source: Any, batch_size: int | None = None, *args: Any,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, source: Any, batch_size: int | None = None, *args: Any, **kwargs: Any
+    ) -> None:
         pin_memory = kwargs.pop("pin_memory", None)
         device = kwargs.pop("device", None)
         _bind_prefetcher_args((source, batch_size, *args), kwargs)
@@ -434,7 +438,11 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
     def loader(self, **kwargs: Any) -> torch.utils.data.DataLoader[Any]:
         """A DataLoader over this adapter that passes batches through as
         they are (tuples stay tuples); keyword arguments go to DataLoader."""
-        opts: dict[str, Any] = {"batch_size": None, "num_workers": 0, "collate_fn": _keep}
+        opts: dict[str, Any] = {
+            "batch_size": None,
+            "num_workers": 0,
+            "collate_fn": _keep,
+        }
         opts.update(kwargs)
         return torch.utils.data.DataLoader(self, **opts)
 

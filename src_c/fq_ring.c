@@ -3,6 +3,7 @@
 #include "fq_ring.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
 
@@ -188,10 +189,35 @@ int fq_attach(void *base, uint64_t len, fq_ring *out) {
 
 /* ----------------------------------------------------------------- queues */
 
+/* Bounds a push's wait for a popper between its tail CAS and its cell
+ * release: two instructions apart, unless the popper was preempted there
+ * (a scheduler quantum or a few on a loaded machine) or died there. After a
+ * second, or once the ring is closed, the push gives up. */
+#define FQ_RELEASE_SPINS 64u
+#define FQ_RELEASE_WAIT_NS 1000000000ull
+
+static int wait_for_release(fq_ring *r, fq_queue *q, uint64_t pos,
+                            unsigned *spins, uint64_t *deadline) {
+    uint64_t tail = atomic_load_explicit(&q->tail, memory_order_relaxed);
+    if (pos - tail >= r->ctrl->capacity) return FQ_EFULL; /* really full */
+    if (++*spins <= FQ_RELEASE_SPINS) {
+        fq_cpu_relax();
+        return FQ_OK;
+    }
+    uint64_t now = fq_now_ns();
+    if (*deadline == 0) *deadline = now + FQ_RELEASE_WAIT_NS;
+    if (atomic_load(&r->ctrl->closed)) return FQ_CLOSED;
+    if (now >= *deadline) return FQ_EFULL;
+    sched_yield(); /* let a preempted popper run */
+    return FQ_OK;
+}
+
 int fq_push(fq_ring *r, fq_queue_id qid, uint32_t slot) {
     fq_queue *q = &r->ctrl->queues[qid];
     fq_cell *cells = r->cells[qid];
     uint64_t mask = r->ctrl->capacity - 1;
+    unsigned spins = 0;
+    uint64_t deadline = 0;
     uint64_t pos = atomic_load_explicit(&q->head, memory_order_relaxed);
     fq_cell *cell;
     for (;;) {
@@ -206,7 +232,13 @@ int fq_push(fq_ring *r, fq_queue_id qid, uint32_t slot) {
                     memory_order_relaxed))
                 break;
         } else if (dif < 0) {
-            return FQ_EFULL;
+            /* The cell still holds the previous lap's item. With only
+             * nslots <= capacity indices in existence the queue cannot be
+             * full, so a popper has claimed that item (tail CAS) and not yet
+             * released the cell: wait for it. */
+            int rc = wait_for_release(r, q, pos, &spins, &deadline);
+            if (rc != FQ_OK) return rc;
+            pos = atomic_load_explicit(&q->head, memory_order_relaxed);
         } else {
             pos = atomic_load_explicit(&q->head, memory_order_relaxed);
         }

@@ -46,8 +46,13 @@
  *      next worker's writes.
  *
  * Queues: Dmitry Vyukov's bounded MPMC queue. capacity is a power of two
- * >= N, and only N indices exist, so a push can never find the queue full
- * while the protocol holds; FQ_EFULL therefore means corruption.
+ * >= N, and only N indices exist, so a queue never holds more than N items.
+ * Its cells can still all be taken: a popper stalled between its tail CAS
+ * and its cell release keeps that cell while the others lap the queue, and
+ * the next push to reach the cell must wait for the release. fq_push waits
+ * (spin, then yield; at most a second, and FQ_CLOSED once the ring is
+ * closed); FQ_EFULL means the popper never came back (it died there) or the
+ * protocol was broken.
  *   head (enqueue position): CAS, relaxed; the cell's seq is the real fence.
  *   tail (dequeue position): CAS, relaxed; ditto.
  *   cell.seq: acquire load / release store: publishes cell.slot and, through
@@ -214,7 +219,9 @@ int fq_init(void *base, uint64_t len, const fq_geometry *g, fq_ring *out);
 /* Validates a region formatted by fq_init and fills *out. */
 int fq_attach(void *base, uint64_t len, fq_ring *out);
 
-/* Pushes `slot` on queue q and wakes one sleeper if any. */
+/* Pushes `slot` on queue q and wakes one sleeper if any. FQ_OK; FQ_CLOSED
+ * if the ring closed while a late popper held the cell; FQ_EFULL if that
+ * popper never released it. */
 int fq_push(fq_ring *r, fq_queue_id q, uint32_t slot);
 
 /* Pops without waiting: FQ_OK or FQ_EMPTY. */

@@ -23,44 +23,83 @@ STARTUP_WORKLOAD = "imagenet"
 STARTUP_METHOD = "spawn"
 STARTUP_REPEATS = 3
 COMPUTE_WORKLOAD = "compute"
-# Steady state: the consumer's simulated training step, as a multiple of the
-# producers' batch time measured free-running. Above 1 the ring stays full
-# (producers wait), below 1 it stays empty (the consumer waits).
+# Steady state: system calls and page faults per batch, counted by perf on
+# both sides. Free-running, a side that waits longer than fastq's spin
+# (FASTQ_SPIN_US, 50 us) sleeps on a futex: one wait and one wake per batch
+# when the ring runs empty (or full). With a spin longer than any wait, no
+# waiter ever sleeps, so whatever is left is the data path's own cost.
 STEADY_WORKLOADS = ("small", "imagenet")
+STEADY_LONG_SPIN_US = 20_000
 
 
-def throughput(shapes: Sequence[str], transports: Sequence[str],
-               workers: Sequence[int], slots: int | None) -> list[Case]:
-    return [Case(t, s, w, slots or 2 * w) for s in shapes for w in workers
-            for t in transports]
+def throughput(
+    shapes: Sequence[str],
+    transports: Sequence[str],
+    workers: Sequence[int],
+    slots: int | None,
+) -> list[Case]:
+    return [
+        Case(t, s, w, slots or 2 * w)
+        for s in shapes
+        for w in workers
+        for t in transports
+    ]
 
 
 def latency(transports: Sequence[str], slots: int | None) -> list[Case]:
-    return [Case(t, LATENCY_WORKLOAD, 1, slots or 2, pace_s=LATENCY_PACE_S)
-            for t in transports if t != "memcpy-hot"]
+    return [
+        Case(t, LATENCY_WORKLOAD, 1, slots or 2, pace_s=LATENCY_PACE_S)
+        for t in transports
+        if t != "memcpy-hot"
+    ]
 
 
 def startup(transports: Sequence[str], slots: int | None) -> list[Case]:
-    return [Case(t, STARTUP_WORKLOAD, 1, slots or 2, start_method=STARTUP_METHOD)
-            for t in transports if TRANSPORTS[t].role != "limit"
-            for _ in range(STARTUP_REPEATS)]
+    return [
+        Case(t, STARTUP_WORKLOAD, 1, slots or 2, start_method=STARTUP_METHOD)
+        for t in transports
+        if TRANSPORTS[t].role != "limit"
+        for _ in range(STARTUP_REPEATS)
+    ]
 
 
-def steady(transports: Sequence[str], slots: int | None
-           ) -> list[tuple[Case, Options]]:
-    """Free-running, with perf counting system calls on both sides."""
-    return [(Case(t, s, 1, slots or 2), Options(perf=True, note="free-running"))
-            for s in STEADY_WORKLOADS for t in transports
-            if TRANSPORTS[t].role != "limit"]
+def steady(transports: Sequence[str], slots: int | None) -> list[tuple[Case, Options]]:
+    """Free-running for every transport; fastq again with waiters that never
+    sleep (run isolated: the spin is read when fastq is imported)."""
+    jobs = [
+        (Case(t, s, 1, slots or 2), Options(perf=True, note="free-running"))
+        for s in STEADY_WORKLOADS
+        for t in transports
+        if TRANSPORTS[t].role != "limit"
+    ]
+    jobs += [
+        (
+            Case(t, s, 1, slots or 2),
+            Options(
+                perf=True,
+                spin_us=STEADY_LONG_SPIN_US,
+                note=f"spin {STEADY_LONG_SPIN_US // 1000} ms",
+            ),
+        )
+        for s in STEADY_WORKLOADS
+        for t in transports
+        if TRANSPORTS[t].role == "fastq"
+    ]
+    return jobs
 
 
-def compute(transports: Sequence[str], workers: Sequence[int],
-            slots: int | None) -> list[Case]:
-    return [Case(t, COMPUTE_WORKLOAD, w, slots or 2 * w) for w in workers
-            for t in transports if TRANSPORTS[t].role != "limit"]
+def compute(
+    transports: Sequence[str], workers: Sequence[int], slots: int | None
+) -> list[Case]:
+    return [
+        Case(t, COMPUTE_WORKLOAD, w, slots or 2 * w)
+        for w in workers
+        for t in transports
+        if TRANSPORTS[t].role != "limit"
+    ]
 
 
-def compute_ideal(workers: Sequence[int], repeats: int = 5) -> dict[int, float]:
+def compute_ideal(workers: Sequence[int], repeats: int = 9) -> dict[int, float]:
     """Batches/s if producing were the only cost: the compute workload's
     batch time in this process (median of `repeats`), times the workers that
     have a CPU of their own."""
@@ -72,6 +111,9 @@ def compute_ideal(workers: Sequence[int], repeats: int = 5) -> dict[int, float]:
         producer.batch(n)
         times.append(time.perf_counter() - t)
     per_batch = statistics.median(times)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+    cpus = (
+        len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
         else os.cpu_count() or 1
+    )
     return {w: min(w, cpus) / per_batch for w in workers}

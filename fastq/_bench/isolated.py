@@ -5,6 +5,7 @@ case as JSON on stdin and prints the result as JSON on the last line."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import asdict
@@ -19,12 +20,19 @@ _SLACK_S = 180.0
 
 
 def run_isolated(case: Case, budget: Budget, options: Options) -> Result:
-    payload = json.dumps({"case": asdict(case), "budget": asdict(budget),
-                          "options": asdict(options)})
+    payload = json.dumps(
+        {"case": asdict(case), "budget": asdict(budget), "options": asdict(options)}
+    )
+    env = dict(os.environ)
+    if options.spin_us is not None:
+        env["FASTQ_SPIN_US"] = str(options.spin_us)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "fastq._bench.isolated"], input=payload,
-            capture_output=True, text=True,
+            [sys.executable, "-m", "fastq._bench.isolated"],
+            input=payload,
+            capture_output=True,
+            text=True,
+            env=env,
             timeout=budget.seconds + budget.warmup_s + _SLACK_S,
         )
     except subprocess.TimeoutExpired:
@@ -45,7 +53,9 @@ def _failed(case: Case, why: str) -> Result:
 
 def main() -> int:
     job: dict[str, Any] = json.loads(sys.stdin.read())
-    result = run(Case(**job["case"]), Budget(**job["budget"]), Options(**job["options"]))
+    result = run(
+        Case(**job["case"]), Budget(**job["budget"]), Options(**job["options"])
+    )
     print(json.dumps(result.to_json()), flush=True)
     return 0
 

@@ -20,17 +20,20 @@ from .workloads import read_stamp
 
 @dataclass
 class Budget:
-    seconds: float = 3.0    # measured seconds per case, after warm-up
-    warmup_s: float = 0.5   # warm-up: at least this long and 3 batches
-    blocks: int = 5         # the median of this many timed blocks is reported
+    seconds: float = 3.0  # measured seconds per case, after warm-up
+    warmup_s: float = 0.5  # warm-up: at least this long and 3 batches
+    blocks: int = 5  # the median of this many timed blocks is reported
 
 
 @dataclass
 class Options:
-    perf: bool = False          # count system calls with `perf stat`
+    perf: bool = False  # count system calls with `perf stat`
     consumer_step_s: float = 0  # busy work per batch in the consumer
-    first_only: bool = False    # stop after the first batch (start-up runs)
-    note: str = ""              # added to the result's notes
+    first_only: bool = False  # stop after the first batch (start-up runs)
+    note: str = ""  # added to the result's notes
+    # FASTQ_SPIN_US for the case's process (isolated runs only): how long
+    # fastq's waiters spin before they sleep.
+    spin_us: int | None = None
 
 
 @dataclass
@@ -58,6 +61,8 @@ class Result:
     pss_bytes: int = 0
     latency_us: dict[str, float] = field(default_factory=dict)
     mean_ready: float | None = None
+    busy_before: float | None = None  # share of the CPUs busy before it ran
+    repeats: list[float] = field(default_factory=list)  # batches/s of each run
     notes: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -85,8 +90,12 @@ class Result:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(batches_per_s=self.batches_per_s, gb_per_s=self.gb_per_s,
-                 us_per_batch=self.us_per_batch, spread=self.spread)
+        d.update(
+            batches_per_s=self.batches_per_s,
+            gb_per_s=self.gb_per_s,
+            us_per_batch=self.us_per_batch,
+            spread=self.spread,
+        )
         return d
 
     @classmethod
@@ -103,8 +112,7 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def _per_batch(delta: procstat.Counters, perf: dict[str, int] | None,
-               n: int) -> Side:
+def _per_batch(delta: procstat.Counters, perf: dict[str, int] | None, n: int) -> Side:
     n = max(1, n)
     side = Side(1e6 * delta.cpu_s / n, delta.minflt / n, delta.csw / n)
     if perf is not None:
@@ -120,7 +128,9 @@ class Meter:
     the counters around them. run() drives it for the CLI; benchmarks/
     drives it under pytest-benchmark."""
 
-    def __init__(self, feed: Feed, case: Case, options: Options, result: Result) -> None:
+    def __init__(
+        self, feed: Feed, case: Case, options: Options, result: Result
+    ) -> None:
         self.it = feed.batches
         self.feed = feed
         self.case = case

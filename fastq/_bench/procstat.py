@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -24,7 +26,7 @@ def children_of(pid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
         parents.setdefault(ppid, []).append(int(entry))
     out: list[int] = []
     todo = [pid]
@@ -45,19 +47,28 @@ class Counters:
     csw: int = 0
 
     def __sub__(self, other: Counters) -> Counters:
-        return Counters(self.cpu_s - other.cpu_s, self.minflt - other.minflt,
-                        self.majflt - other.majflt, self.csw - other.csw)
+        return Counters(
+            self.cpu_s - other.cpu_s,
+            self.minflt - other.minflt,
+            self.majflt - other.majflt,
+            self.csw - other.csw,
+        )
 
     def __add__(self, other: Counters) -> Counters:
-        return Counters(self.cpu_s + other.cpu_s, self.minflt + other.minflt,
-                        self.majflt + other.majflt, self.csw + other.csw)
+        return Counters(
+            self.cpu_s + other.cpu_s,
+            self.minflt + other.minflt,
+            self.majflt + other.majflt,
+            self.csw + other.csw,
+        )
 
 
 def self_counters() -> Counters:
     """This process, every thread."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return Counters(r.ru_utime + r.ru_stime, r.ru_minflt, r.ru_majflt,
-                    r.ru_nvcsw + r.ru_nivcsw)
+    return Counters(
+        r.ru_utime + r.ru_stime, r.ru_minflt, r.ru_majflt, r.ru_nvcsw + r.ru_nivcsw
+    )
 
 
 def process_counters(pid: int) -> Counters:
@@ -67,7 +78,7 @@ def process_counters(pid: int) -> Counters:
             stat = f.read()
     except OSError:
         return Counters()
-    fields = stat[stat.rindex(b")") + 2:].split()
+    fields = stat[stat.rindex(b")") + 2 :].split()
     # man 5 proc: minflt, majflt, utime, stime are fields 10, 12, 14, 15.
     minflt, majflt = int(fields[7]), int(fields[9])
     cpu = (int(fields[11]) + int(fields[12])) / _TICK
@@ -107,18 +118,56 @@ def total_pss(pid: int) -> int:
     return pss_bytes(pid) + sum(pss_bytes(p) for p in children_of(pid))
 
 
+def _cpu_times() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields), idle
+
+
+def busy_share(interval: float = 0.5) -> float:
+    """Fraction of all CPUs busy over `interval` seconds (0 where /proc/stat
+    cannot be read)."""
+    try:
+        t0, i0 = _cpu_times()
+        time.sleep(interval)
+        t1, i1 = _cpu_times()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return 0.0 if t1 == t0 else 1.0 - (i1 - i0) / (t1 - t0)
+
+
+def wait_for_quiet(max_wait: float, threshold: float = 0.1) -> float:
+    """Waits (up to max_wait seconds) until the machine is nearly idle, so
+    that a case is not measured while other work shares the CPUs; returns
+    the last busy share seen."""
+    deadline = time.monotonic() + max_wait
+    share = busy_share()
+    while share > threshold and time.monotonic() < deadline:
+        share = busy_share()
+    return share
+
+
 # --------------------------------------------------------------- perf stat
 
-PERF_EVENTS = ("raw_syscalls:sys_enter", "syscalls:sys_enter_futex",
-               "page-faults", "context-switches")
+PERF_EVENTS = (
+    "raw_syscalls:sys_enter",
+    "syscalls:sys_enter_futex",
+    "page-faults",
+    "context-switches",
+)
 
 
 def perf_available() -> bool:
     if shutil.which("perf") is None:
         return False
     try:
-        r = subprocess.run(["perf", "stat", "-x,", "-e", PERF_EVENTS[0], "true"],
-                           capture_output=True, text=True, timeout=20)
+        r = subprocess.run(
+            ["perf", "stat", "-x,", "-e", PERF_EVENTS[0], "true"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0 and "not supported" not in r.stderr
@@ -134,10 +183,22 @@ class PerfStat:
         self._ack, ack_w = os.pipe()
         try:
             self._proc = subprocess.Popen(
-                ["perf", "stat", "-x,", "-D", "-1", "--control",
-                 f"fd:{ctl_r},{ack_w}", "-e", ",".join(PERF_EVENTS),
-                 "-p", ",".join(map(str, pids))],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                [
+                    "perf",
+                    "stat",
+                    "-x,",
+                    "-D",
+                    "-1",
+                    "--control",
+                    f"fd:{ctl_r},{ack_w}",
+                    "-e",
+                    ",".join(PERF_EVENTS),
+                    "-p",
+                    ",".join(map(str, pids)),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
                 pass_fds=(ctl_r, ack_w),
             )
         finally:
@@ -170,8 +231,6 @@ class PerfStat:
         for line in err.splitlines():
             parts = line.split(",")
             if len(parts) > 2 and parts[2] in PERF_EVENTS:
-                try:
+                with contextlib.suppress(ValueError):  # "<not counted>"
                     out[parts[2]] = int(float(parts[0]))
-                except ValueError:  # "<not counted>"
-                    pass
         return out

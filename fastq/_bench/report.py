@@ -9,7 +9,7 @@ import platform
 from collections.abc import Sequence
 from typing import Any
 
-from .measure import Result
+from .measure import Result, Side
 from .transports import TRANSPORTS
 from .workloads import WORKLOADS
 
@@ -18,13 +18,22 @@ Column = tuple[str, int, Any]  # heading, width, cell function
 
 
 def machine() -> str:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+    cpus = (
+        len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
         else os.cpu_count()
+    )
     model = ""
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f
-                          if ln.startswith("model name")), "")
+            model = next(
+                (
+                    ln.split(":", 1)[1].strip()
+                    for ln in f
+                    if ln.startswith("model name")
+                ),
+                "",
+            )
     except OSError:
         pass
     mem = ""
@@ -34,8 +43,10 @@ def machine() -> str:
         mem = f", {kb / 2**20:.0f} GiB RAM"
     except (OSError, ValueError, IndexError):
         pass
-    return (f"{model or platform.machine()}, {cpus} CPUs{mem}, "
-            f"Linux {platform.release()}, Python {platform.python_version()}")
+    return (
+        f"{model or platform.machine()}, {cpus} CPUs{mem}, "
+        f"Linux {platform.release()}, Python {platform.python_version()}"
+    )
 
 
 def _key(r: Result) -> str:
@@ -48,6 +59,11 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
+def _cpu(side: Side) -> str:
+    # /proc's CPU times tick every 10 ms: below that per window, say so.
+    return "-" if side.cpu_us == 0 and side.minflt == 0 else f"{side.cpu_us:.0f}"
+
+
 def _ratio(r: Result, base: Result | None) -> str:
     if base is None or base.error or r.error or not base.batches_per_s:
         return "-"
@@ -56,16 +72,23 @@ def _ratio(r: Result, base: Result | None) -> str:
 
 
 def _render(rows: Sequence[Result], columns: Sequence[Column]) -> str:
-    head = "  ".join(h.rjust(w) if i else h.ljust(w)
-                     for i, (h, w, _) in enumerate(columns))
+    head = "  ".join(
+        h.rjust(w) if i else h.ljust(w) for i, (h, w, _) in enumerate(columns)
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.error:
-            lines.append(f"{r.label.ljust(columns[0][1])}  {r.error.split(': ', 1)[-1]}")
+            lines.append(
+                f"{r.label.ljust(columns[0][1])}  {r.error.split(': ', 1)[-1]}"
+            )
             continue
         cells = [str(fn(r)) for _, _, fn in columns]
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
-                               for i, (c, (_, w, _)) in enumerate(zip(cells, columns))))
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, (_, w, _)) in enumerate(zip(cells, columns))
+            )
+        )
     return "\n".join(lines)
 
 
@@ -83,18 +106,40 @@ def throughput_table(results: Sequence[Result]) -> str:
         ("x seed q", 8, lambda r: _ratio(r, seed)),
         ("x queue", 7, lambda r: _ratio(r, queue)),
         ("cons CPU us/b", 13, lambda r: _fmt(r.consumer.cpu_us, ".0f")),
-        ("faults/b c+p", 12,
-         lambda r: _fmt(r.consumer.minflt + r.producers.minflt, ".1f")),
+        ("prod CPU us/b", 13, lambda r: _cpu(r.producers)),
+        (
+            "faults/b c+p",
+            12,
+            lambda r: _fmt(r.consumer.minflt + r.producers.minflt, ".1f"),
+        ),
     ]
     if perf:
-        cols.append(("syscalls/b c+p", 14, lambda r: "-" if r.consumer.syscalls is None
-                     else f"{r.consumer.syscalls:.1f}+{r.producers.syscalls or 0:.1f}"))
+        cols.append(
+            (
+                "syscalls/b c+p",
+                14,
+                lambda r: (
+                    "-"
+                    if r.consumer.syscalls is None
+                    else f"{r.consumer.syscalls:.1f}+{r.producers.syscalls or 0:.1f}"
+                ),
+            )
+        )
     cols += [
         ("PSS MB", 7, lambda r: _fmt(r.pss_bytes / 1e6, ".0f")),
         ("1st batch s", 11, lambda r: _fmt(r.first_batch_s, ".2f")),
         ("spread", 6, lambda r: _fmt(r.spread, ".2f")),
     ]
+    if any(len(r.repeats) > 1 for r in results):
+        cols.append(("runs spread", 11, _run_spread))
     return _render(results, cols)
+
+
+def _run_spread(r: Result) -> str:
+    """(max - min) / median of the repeated runs' rates."""
+    if len(r.repeats) < 2 or not r.batches_per_s:
+        return "-"
+    return f"{(max(r.repeats) - min(r.repeats)) / r.batches_per_s:.2f}"
 
 
 def latency_table(results: Sequence[Result]) -> str:
@@ -118,8 +163,10 @@ def startup_table(results: Sequence[Result]) -> str:
     for runs in groups.values():
         ok = sorted((r for r in runs if not r.error), key=lambda r: r.first_batch_s)
         rows.append(ok[len(ok) // 2] if ok else runs[0])
-    spreads = {_key(r): sorted(x.first_batch_s for x in groups[_key(r)] if not x.error)
-               for r in rows}
+    spreads = {
+        _key(r): sorted(x.first_batch_s for x in groups[_key(r)] if not x.error)
+        for r in rows
+    }
     cols: list[Column] = [
         ("transport", 28, lambda r: r.label),
         ("first batch s", 13, lambda r: f"{r.first_batch_s:.3f}"),
@@ -131,7 +178,8 @@ def startup_table(results: Sequence[Result]) -> str:
 def steady_table(results: Sequence[Result]) -> str:
     cols: list[Column] = [
         ("transport", 28, lambda r: r.label),
-        ("regime", 16, lambda r: r.notes[-1] if r.notes else ""),
+        ("shape", 8, lambda r: str(r.case["workload"])),
+        ("regime", 12, lambda r: r.notes[-1] if r.notes else ""),
         ("batches/s", 10, lambda r: _fmt(r.batches_per_s, ".0f")),
         ("ready", 5, lambda r: _fmt(r.mean_ready, ".1f")),
         ("cons sys/b", 10, lambda r: _fmt(r.consumer.syscalls, ".3f")),
@@ -151,6 +199,7 @@ def compute_table(results: Sequence[Result], ideal: dict[int, float]) -> str:
 
     cols: list[Column] = [
         ("transport", 28, lambda r: r.label),
+        ("workers", 7, lambda r: str(r.case["workers"])),
         ("batches/s", 10, lambda r: _fmt(r.batches_per_s, ".2f")),
         ("x ideal", 7, x_ideal),
         ("cons CPU us/b", 13, lambda r: _fmt(r.consumer.cpu_us, ".0f")),
@@ -162,8 +211,7 @@ def compute_table(results: Sequence[Result], ideal: dict[int, float]) -> str:
 
 def heading(workload: str, workers: int, slots: int) -> str:
     w = WORKLOADS[workload]
-    return (f"{workload}: {w.describe()}; workers={workers}, "
-            f"{slots} batches in flight")
+    return f"{workload}: {w.describe()}; workers={workers}, {slots} batches in flight"
 
 
 def legend() -> str:
@@ -194,25 +242,46 @@ def plot(results: Sequence[Result], path: str) -> str | None:
     keys = [k for k in TRANSPORTS if any(_key(r) == k for r in ok)]
     if not ok:
         return "--plot: no results to draw"
-    fig, axes = plt.subplots(len(workers), 1, squeeze=False,
-                             figsize=(max(8, 1.9 * len(shapes) + 3), 4.2 * len(workers)))
+    fig, axes = plt.subplots(
+        len(workers),
+        1,
+        squeeze=False,
+        figsize=(max(8, 1.9 * len(shapes) + 3), 4.2 * len(workers)),
+    )
     width = 0.8 / max(1, len(keys))
     cmap = plt.get_cmap("tab10")
     for ax, w in zip(axes[:, 0], workers):
         for i, k in enumerate(keys):
             xs, ys = [], []
             for j, s in enumerate(shapes):
-                r = next((r for r in ok if _key(r) == k and r.case["workload"] == s
-                          and int(r.case["workers"]) == w), None)
+                r = next(
+                    (
+                        r
+                        for r in ok
+                        if _key(r) == k
+                        and r.case["workload"] == s
+                        and int(r.case["workers"]) == w
+                    ),
+                    None,
+                )
                 if r is not None:
                     xs.append(j + (i - (len(keys) - 1) / 2) * width)
                     ys.append(r.gb_per_s)
             hatch = "//" if TRANSPORTS[k].role == "limit" else None
-            ax.bar(xs, ys, width, label=TRANSPORTS[k].label, color=cmap(i % 10),
-                   hatch=hatch, edgecolor="white" if hatch else None)
+            ax.bar(
+                xs,
+                ys,
+                width,
+                label=TRANSPORTS[k].label,
+                color=cmap(i % 10),
+                hatch=hatch,
+                edgecolor="white" if hatch else None,
+            )
         ax.set_yscale("log")
         ax.set_xticks(range(len(shapes)))
-        ax.set_xticklabels([f"{s}\n{WORKLOADS[s].batch_bytes / 1e6:.3g} MB" for s in shapes])
+        ax.set_xticklabels(
+            [f"{s}\n{WORKLOADS[s].batch_bytes / 1e6:.3g} MB" for s in shapes]
+        )
         ax.set_ylabel("GB/s delivered (log)")
         ax.set_title(f"{w} worker{'s' if w > 1 else ''}")
         ax.grid(axis="y", which="both", alpha=0.3)

@@ -9,18 +9,22 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import cases, report
+from . import cases, procstat, report
 from .isolated import run_isolated
 from .measure import Budget, Options, Result, run
 from .transports import FASTQ, PEERS, TRANSPORTS, Case
 from .workloads import DEFAULT_WORKLOAD, SHAPES, WORKLOADS
 
 SECTIONS = ("throughput", "latency", "startup", "steady", "compute")
-GROUPS = {"all": tuple(TRANSPORTS), "fastq-all": FASTQ, "peers": PEERS,
-          "limits": ("memcpy-hot", "memcpy")}
+GROUPS = {
+    "all": tuple(TRANSPORTS),
+    "fastq-all": FASTQ,
+    "peers": PEERS,
+    "limits": ("memcpy-hot", "memcpy"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,48 +38,116 @@ def _parser() -> argparse.ArgumentParser:
         epilog="With no options: throughput of every available transport on "
         f"the {DEFAULT_WORKLOAD} shape with 1 worker (about a minute).",
     )
-    p.add_argument("-t", "--transport", action="append", metavar="NAME",
-                   help="transports, repeatable or comma-separated: "
-                   f"{', '.join(TRANSPORTS)}, or a group: {', '.join(GROUPS)} "
-                   "(default: all)")
-    p.add_argument("-s", "--shape", "-w", "--workload", action="append",
-                   metavar="SHAPE", dest="shape",
-                   help=f"batch shapes, repeatable or comma-separated: "
-                   f"{', '.join(SHAPES)}, or all (default: {DEFAULT_WORKLOAD})")
-    p.add_argument("--workers", type=int, nargs="+", metavar="N",
-                   help="producer processes, one or more counts (default: 1)")
-    p.add_argument("--slots", type=int, metavar="N",
-                   help="batches in flight ahead of the consumer: fastq slots=, "
-                   "queue maxsize, DataLoader prefetch_factor x workers "
-                   "(default: 2 per worker, fastq's and DataLoader's default)")
-    p.add_argument("--seconds", type=float, default=3.0,
-                   help="measured seconds per case, after warm-up (3)")
-    p.add_argument("--warmup", type=float, default=0.5,
-                   help="warm-up seconds per case, at least 3 batches (0.5)")
-    p.add_argument("--blocks", type=int, default=5,
-                   help="timed blocks per case; the median is reported (5)")
-    p.add_argument("--case", action="append", choices=SECTIONS, dest="sections",
-                   help="what to measure, repeatable (default: throughput): "
-                   "latency = hand-over of paced small batches; startup = time "
-                   "to first batch under spawn; steady = system calls and page "
-                   "faults per batch (perf); compute = compute-bound workers")
-    p.add_argument("--all", action="store_true",
-                   help="every shape, workers 1 and 2, and every --case")
-    p.add_argument("--perf", action="store_true",
-                   help="also count system calls per batch in throughput cases")
-    p.add_argument("--in-process", action="store_true",
-                   help="run cases in this process instead of one fresh "
-                   "interpreter each (faster; memory and start-up figures then "
-                   "include whatever earlier cases imported)")
+    p.add_argument(
+        "-t",
+        "--transport",
+        action="append",
+        metavar="NAME",
+        help="transports, repeatable or comma-separated: "
+        f"{', '.join(TRANSPORTS)}, or a group: {', '.join(GROUPS)} "
+        "(default: all)",
+    )
+    p.add_argument(
+        "-s",
+        "--shape",
+        "-w",
+        "--workload",
+        action="append",
+        metavar="SHAPE",
+        dest="shape",
+        help=f"batch shapes, repeatable or comma-separated: "
+        f"{', '.join(SHAPES)}, or all (default: {DEFAULT_WORKLOAD})",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="producer processes, one or more counts (default: 1)",
+    )
+    p.add_argument(
+        "--slots",
+        type=int,
+        metavar="N",
+        help="batches in flight ahead of the consumer: fastq slots=, "
+        "queue maxsize, DataLoader prefetch_factor x workers "
+        "(default: 2 per worker, fastq's and DataLoader's default)",
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=3.0,
+        help="measured seconds per case, after warm-up (3)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=0.5,
+        help="warm-up seconds per case, at least 3 batches (0.5)",
+    )
+    p.add_argument(
+        "--blocks",
+        type=int,
+        default=5,
+        help="timed blocks per case; the median is reported (5)",
+    )
+    p.add_argument(
+        "--case",
+        action="append",
+        choices=SECTIONS,
+        dest="sections",
+        help="what to measure, repeatable (default: throughput): "
+        "latency = hand-over of paced small batches; startup = time "
+        "to first batch under spawn; steady = system calls and page "
+        "faults per batch (perf); compute = compute-bound workers",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every shape, workers 1 and 2, and every --case",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per case; the run with the median rate is reported (1)",
+    )
+    p.add_argument(
+        "--quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each run, wait up to SECONDS for the machine to be idle "
+        "(under 10%% of the CPUs busy): for shared machines (0: do not wait)",
+    )
+    p.add_argument(
+        "--perf",
+        action="store_true",
+        help="also count system calls per batch in throughput cases",
+    )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run cases in this process instead of one fresh "
+        "interpreter each (faster; memory and start-up figures then "
+        "include whatever earlier cases imported)",
+    )
     p.add_argument("--json", metavar="FILE", help="write every result as JSON")
-    p.add_argument("--plot", metavar="FILE.png",
-                   help="draw GB/s per transport per shape (needs matplotlib)")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw GB/s per transport per shape (needs matplotlib)",
+    )
     return p
 
 
-def _expand(values: Sequence[str] | None, allowed: Sequence[str],
-            groups: dict[str, Sequence[str]], default: Sequence[str],
-            what: str) -> list[str]:
+def _expand(
+    values: Sequence[str] | None,
+    allowed: Sequence[str],
+    groups: Mapping[str, Sequence[str]],
+    default: Sequence[str],
+    what: str,
+) -> list[str]:
     if not values:
         return list(default)
     out: list[str] = []
@@ -87,40 +159,68 @@ def _expand(values: Sequence[str] | None, allowed: Sequence[str],
             elif name in groups:
                 out += [x for x in groups[name] if x not in out]
             else:
-                raise SystemExit(f"python -m fastq bench: unknown {what} {name!r}; "
-                                 f"choose from {', '.join([*allowed, *groups])}")
+                raise SystemExit(
+                    f"python -m fastq bench: unknown {what} {name!r}; "
+                    f"choose from {', '.join([*allowed, *groups])}"
+                )
     return out
 
 
 class _Session:
     """Runs cases one after another with a progress line each."""
 
-    def __init__(self, budget: Budget, in_process: bool, total: int) -> None:
+    def __init__(self, args: argparse.Namespace, budget: Budget, total: int) -> None:
         self.budget = budget
-        self.in_process = in_process
+        self.in_process = bool(args.in_process)
+        self.repeat = max(1, int(args.repeat))
+        self.quiet = float(args.quiet)
         self.total = total
         self.done = 0
         self.records: list[dict[str, Any]] = []
         self.skipped: set[str] = set()
 
-    def run(self, section: str, case: Case, options: Options | None = None,
-            budget: Budget | None = None) -> Result:
+    def run(
+        self,
+        section: str,
+        case: Case,
+        options: Options | None = None,
+        budget: Budget | None = None,
+    ) -> Result:
         options = options or Options()
         budget = budget or self.budget
         self.done += 1
         t = TRANSPORTS[case.transport]
-        print(f"[{self.done:3}/{self.total}] {section:10} {case.workload:8} "
-              f"w={case.workers} {t.label:28}", end=" ", flush=True, file=sys.stderr)
+        print(
+            f"[{self.done:3}/{self.total}] {section:10} {case.workload:8} "
+            f"w={case.workers} {t.label:28}",
+            end=" ",
+            flush=True,
+            file=sys.stderr,
+        )
         missing = t.missing()
         if missing:
             result = run(case, budget, options)  # records the reason only
             self.skipped.add(missing)
-        elif self.in_process:
+        else:
+            # Start-up runs are repeated as cases of their own: one run each.
+            runs = [
+                self._once(case, budget, options)
+                for _ in range(1 if options.first_only else self.repeat)
+            ]
+            ok = sorted((r for r in runs if not r.error), key=lambda r: r.batches_per_s)
+            result = ok[len(ok) // 2] if ok else runs[0]
+            result.repeats = [r.batches_per_s for r in ok]
+        print(_progress(result), file=sys.stderr, flush=True)
+        self.records.append({"section": section, **result.to_json()})
+        return result
+
+    def _once(self, case: Case, budget: Budget, options: Options) -> Result:
+        busy = procstat.wait_for_quiet(self.quiet) if self.quiet > 0 else None
+        if self.in_process and options.spin_us is None:
             result = run(case, budget, options)
         else:
             result = run_isolated(case, budget, options)
-        print(_progress(result), file=sys.stderr, flush=True)
-        self.records.append({"section": section, **result.to_json()})
+        result.busy_before = busy
         return result
 
 
@@ -129,10 +229,16 @@ def _progress(r: Result) -> str:
         return r.error.split(": ", 1)[-1]
     if not r.batches:
         return f"first batch {r.first_batch_s:.3f} s"
-    text = (f"{r.batches_per_s:10.1f} batches/s {r.gb_per_s:7.2f} GB/s  "
-            f"first batch {r.first_batch_s:.2f} s")
+    text = (
+        f"{r.batches_per_s:10.1f} batches/s {r.gb_per_s:7.2f} GB/s  "
+        f"first batch {r.first_batch_s:.2f} s"
+    )
     if r.latency_us:
         text += f"  latency p50 {r.latency_us['p50']:.1f} us"
+    if len(r.repeats) > 1:
+        text += f"  (median of {len(r.repeats)} runs)"
+    if r.busy_before is not None:
+        text += f"  [machine {100 * r.busy_before:.0f}% busy before]"
     return text
 
 
@@ -144,10 +250,16 @@ def _load() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     sections = list(SECTIONS) if args.all else (args.sections or ["throughput"])
-    shapes = _expand(args.shape, SHAPES, {"all": SHAPES},
-                     SHAPES if args.all else [DEFAULT_WORKLOAD], "shape")
-    transports = _expand(args.transport, list(TRANSPORTS), GROUPS, TRANSPORTS,
-                         "transport")
+    shapes = _expand(
+        args.shape,
+        SHAPES,
+        {"all": SHAPES},
+        SHAPES if args.all else [DEFAULT_WORKLOAD],
+        "shape",
+    )
+    transports = _expand(
+        args.transport, list(TRANSPORTS), GROUPS, list(TRANSPORTS), "transport"
+    )
     workers = args.workers or ([1, 2] if args.all else [1])
     if any(w < 1 for w in workers) or (args.slots is not None and args.slots < 1):
         raise SystemExit("python -m fastq bench: --workers and --slots must be >= 1")
@@ -157,19 +269,28 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[Result]] = {s: [] for s in SECTIONS}
     text: list[str] = []
 
-    def add(section: str, jobs: list[tuple[Case, Options | None, Budget | None]],
-            render: Callable[[list[Result]], None]) -> None:
+    def add(
+        section: str,
+        jobs: Sequence[tuple[Case, Options | None, Budget | None]],
+        render: Callable[[list[Result]], None],
+        before: Callable[[_Session], None] | None = None,
+    ) -> None:
         def go(session: _Session) -> None:
+            if before is not None:
+                before(session)
             out = [session.run(section, c, o, b) for c, o, b in jobs]
             results[section] += out
             render(out)
+
         plan.append((section, go))
         counts.append(len(jobs))
 
     counts: list[int] = []
     if "throughput" in sections:
-        jobs = [(c, Options(perf=args.perf), None)
-                for c in cases.throughput(shapes, transports, workers, args.slots)]
+        jobs = [
+            (c, Options(perf=args.perf), None)
+            for c in cases.throughput(shapes, transports, workers, args.slots)
+        ]
 
         def tables(out: list[Result]) -> None:
             groups: dict[tuple[str, int], list[Result]] = {}
@@ -178,51 +299,94 @@ def main(argv: list[str] | None = None) -> int:
             for (shape, w), rs in groups.items():
                 text.append(report.heading(shape, w, int(rs[0].case["slots"])))
                 text.append(report.throughput_table(rs) + "\n")
+
         add("throughput", jobs, tables)
     if "latency" in sections:
-        add("latency", [(c, None, None) for c in cases.latency(transports, args.slots)],
-            lambda out: text.extend([
-                f"Hand-over latency: {cases.LATENCY_WORKLOAD} batches made every "
-                f"{cases.LATENCY_PACE_S * 1e3:g} ms, time from 'batch made' in the "
-                "producer to 'batch in hand' in the consumer",
-                report.latency_table(out) + "\n"]))
+        add(
+            "latency",
+            [(c, None, None) for c in cases.latency(transports, args.slots)],
+            lambda out: text.extend(
+                [
+                    f"Hand-over latency: {cases.LATENCY_WORKLOAD} batches made every "
+                    f"{cases.LATENCY_PACE_S * 1e3:g} ms, time from 'batch made' in the "
+                    "producer to 'batch in hand' in the consumer",
+                    report.latency_table(out) + "\n",
+                ]
+            ),
+        )
     if "startup" in sections:
         first = Options(first_only=True)
-        add("startup", [(c, first, None) for c in cases.startup(transports, args.slots)],
-            lambda out: text.extend([
-                f"Time to first batch: {cases.STARTUP_WORKLOAD}, start method "
-                f"{cases.STARTUP_METHOD}, from construction to the first batch in "
-                f"hand (median of {cases.STARTUP_REPEATS} fresh processes)",
-                report.startup_table(out) + "\n"]))
+        add(
+            "startup",
+            [(c, first, None) for c in cases.startup(transports, args.slots)],
+            lambda out: text.extend(
+                [
+                    f"Time to first batch: {cases.STARTUP_WORKLOAD}, start method "
+                    f"{cases.STARTUP_METHOD}, from construction to the first batch in "
+                    f"hand (median of {cases.STARTUP_REPEATS} fresh processes)",
+                    report.startup_table(out) + "\n",
+                ]
+            ),
+        )
     if "steady" in sections:
-        add("steady", [(c, o, None) for c, o in cases.steady(transports, args.slots)],
-            lambda out: text.extend([
-                "Steady state, per batch (perf stat; c = consumer, p = all "
-                "producer processes; ready = batches waiting in the ring)",
-                report.steady_table(out) + "\n"]))
+        add(
+            "steady",
+            [(c, o, None) for c, o in cases.steady(transports, args.slots)],
+            lambda out: text.extend(
+                [
+                    "Steady state, per batch (perf stat; c = consumer, p = all "
+                    "producer processes; ready = batches waiting in the ring)",
+                    report.steady_table(out) + "\n",
+                ]
+            ),
+        )
     if "compute" in sections:
+        ideal: dict[int, float] = {}
+
+        def measure_ideal(session: _Session) -> None:
+            if session.quiet > 0:
+                procstat.wait_for_quiet(session.quiet)
+            ideal.update(cases.compute_ideal(workers))
+            session.records.append({"section": "compute-ideal", "batches_per_s": ideal})
+
         def compute_tables(out: list[Result]) -> None:
-            ideal = cases.compute_ideal(workers)
             w = WORKLOADS[cases.COMPUTE_WORKLOAD]
-            text.append(f"Compute-bound: {w.describe()}; {w.note}. Ideal: "
-                        "workers x the batch rate of this process making batches "
-                        "alone (" + ", ".join(f"{k}: {v:.2f}/s" for k, v in ideal.items())
-                        + ")")
+            text.append(
+                f"Compute-bound: {w.describe()}; {w.note}. Ideal: "
+                "workers x the batch rate of this process making batches "
+                "alone (" + ", ".join(f"{k}: {v:.2f}/s" for k, v in ideal.items()) + ")"
+            )
             text.append(report.compute_table(out, ideal) + "\n")
-        add("compute", [(c, None, None) for c in cases.compute(transports, workers,
-                                                               args.slots)],
-            compute_tables)
+
+        add(
+            "compute",
+            [(c, None, None) for c in cases.compute(transports, workers, args.slots)],
+            compute_tables,
+            measure_ideal,
+        )
 
     command = "python -m fastq bench" + "".join(
-        " " + shlex.quote(a) for a in (sys.argv[2:] if argv is None else argv))
+        " " + shlex.quote(a) for a in (sys.argv[2:] if argv is None else argv)
+    )
     print(f"fastq bench on {report.machine()}")
     print(f"command: {command}")
     print(f"load average before: {_load()}")
-    print(f"{budget.seconds:g} s per case after {budget.warmup_s:g} s warm-up, "
-          f"median of {budget.blocks} blocks; "
-          f"{'in this process' if args.in_process else 'each case in a fresh process'}\n",
-          flush=True)
-    session = _Session(budget, args.in_process, sum(counts))
+    if args.repeat > 1 or args.quiet:
+        print(
+            f"each case: median of {args.repeat} run(s)"
+            + (
+                f", each after waiting up to {args.quiet:g} s for an idle machine"
+                if args.quiet
+                else ""
+            )
+        )
+    print(
+        f"{budget.seconds:g} s per case after {budget.warmup_s:g} s warm-up, "
+        f"median of {budget.blocks} blocks; "
+        f"{'in this process' if args.in_process else 'each case in a fresh process'}\n",
+        flush=True,
+    )
+    session = _Session(args, budget, sum(counts))
     t0 = time.perf_counter()
     for _, go in plan:
         go(session)
@@ -233,9 +397,15 @@ def main(argv: list[str] | None = None) -> int:
     print(report.legend())
     print(f"\n{time.perf_counter() - t0:.0f} s; load average after: {_load()}")
     if args.json:
-        report.write_json(args.json, {
-            "machine": report.machine(), "command": command, "budget": vars(budget),
-            "results": session.records})
+        report.write_json(
+            args.json,
+            {
+                "machine": report.machine(),
+                "command": command,
+                "budget": vars(budget),
+                "results": session.records,
+            },
+        )
         print(f"wrote {args.json}")
     if args.plot:
         why = report.plot(results["throughput"], args.plot)

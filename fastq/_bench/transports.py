@@ -21,18 +21,25 @@ class Case:
     transport: str
     workload: str
     workers: int = 1
-    slots: int = 2          # batches in flight ahead of the consumer
-    pace_s: float = 0.0     # producer's minimum interval between batches
+    slots: int = 2  # batches in flight ahead of the consumer
+    pace_s: float = 0.0  # producer's minimum interval between batches
     start_method: str | None = None  # None: the transport's own default
 
     @property
     def shape(self) -> Workload:
         return WORKLOADS[self.workload]
 
-    def producer(self, in_flight: int) -> ProducerConfig:
-        """Producer settings for a transport that holds at most `in_flight`
-        handed-over batches per producer."""
-        return ProducerConfig(self.shape, pool=in_flight + 2, pace_s=self.pace_s)
+    def producer(self, holds: int = 0) -> ProducerConfig:
+        """Producer settings for a transport that keeps references to up to
+        `holds` handed-over batches per producer after the hand-over returns
+        (mp.Queue's feeder thread and DataLoader's worker pickle later).
+        Those producers rotate through holds + 2 buffers, so that no batch
+        is overwritten before it is sent; a transport that copies the batch
+        before the hand-over returns (fastq, faster-fifo, memcpy) reuses one.
+        The work per batch is the same either way."""
+        return ProducerConfig(
+            self.shape, pool=holds + 2 if holds else 1, pace_s=self.pace_s
+        )
 
 
 @dataclass
@@ -51,8 +58,8 @@ Opener = Callable[[Case], AbstractContextManager[Feed]]
 class Transport:
     key: str
     label: str
-    role: str          # "limit" (memcpy), "fastq", or "peer"
-    target: str        # "module:function" in this package, imported on use
+    role: str  # "limit" (memcpy), "fastq", or "peer"
+    target: str  # "module:function" in this package, imported on use
     requires: str | None = None
     pip: str | None = None
     about: str = ""
@@ -60,14 +67,18 @@ class Transport:
     def missing(self) -> str | None:
         """Why this transport cannot run here, or None."""
         if self.requires and importlib.util.find_spec(self.requires) is None:
-            return f"{self.label}: skipped, {self.requires} is not installed " \
-                   f"(pip install {self.pip or self.requires})"
+            return (
+                f"{self.label}: skipped, {self.requires} is not installed "
+                f"(pip install {self.pip or self.requires})"
+            )
         return None
 
     def resolve(self) -> Opener:
         """The opener, its module (and the package it wraps) imported."""
         module, func = self.target.split(":")
-        opener: Opener = getattr(importlib.import_module(f"{__package__}.{module}"), func)
+        opener: Opener = getattr(
+            importlib.import_module(f"{__package__}.{module}"), func
+        )
         return opener
 
     def open(self, case: Case) -> AbstractContextManager[Feed]:
@@ -77,34 +88,86 @@ class Transport:
 TRANSPORTS = {
     t.key: t
     for t in (
-        Transport("memcpy-hot", "memcpy, 1 buffer (hot)", "limit", "via_memcpy:hot",
-                  about="one process copies each batch into one destination: "
-                        "it stays in cache, an upper bound, not a fair limit"),
-        Transport("memcpy", "memcpy (1 process)", "limit", "via_memcpy:ring",
-                  about="one process copies each batch into as many "
-                        "destinations as the ring has slots: the physical limit"),
-        Transport("fastq", "fastq, whole batches", "fastq", "via_fastq:batches",
-                  about="callable source: each yielded batch is copied into a slot"),
-        Transport("fastq-samples", "fastq, per-sample", "fastq", "via_fastq:samples",
-                  about="map-style source: each sample written into its row"),
-        Transport("fastq-fill", "fastq, zero-copy fill", "fastq", "via_fastq:fill",
-                  about="map-style source with fill_batch(indices, out): the "
-                        "producer writes straight into the slot"),
-        Transport("queue-seed", "mp.Queue, seed (poll+sleep)", "peer",
-                  "via_queue:seed",
-                  about="Keras' GeneratorEnqueuer with get_batch's consumer: "
-                        "poll empty(), sleep 10 ms"),
-        Transport("queue", "mp.Queue, blocking get", "peer", "via_queue:blocking",
-                  about="the strongest form: consumer blocks in get()"),
-        Transport("dataloader", "DataLoader, per-sample", "peer",
-                  "via_torch:samples", requires="torch", pip="torch==2.13.0",
-                  about="batch_size=rows, default collate"),
-        Transport("dataloader-batches", "DataLoader, batch_size=None", "peer",
-                  "via_torch:batches", requires="torch", pip="torch==2.13.0",
-                  about="dataset items are whole batches"),
-        Transport("faster-fifo", "faster-fifo", "peer", "via_fifo:queue",
-                  requires="faster_fifo", pip="faster-fifo",
-                  about="shared-memory circular buffer of pickled messages"),
+        Transport(
+            "memcpy-hot",
+            "memcpy, 1 buffer (hot)",
+            "limit",
+            "via_memcpy:hot",
+            about="one process copies each batch into one destination: "
+            "it stays in cache, an upper bound, not a fair limit",
+        ),
+        Transport(
+            "memcpy",
+            "memcpy (1 process)",
+            "limit",
+            "via_memcpy:ring",
+            about="one process copies each batch into as many "
+            "destinations as the ring has slots: the physical limit",
+        ),
+        Transport(
+            "fastq",
+            "fastq, whole batches",
+            "fastq",
+            "via_fastq:batches",
+            about="callable source: each yielded batch is copied into a slot",
+        ),
+        Transport(
+            "fastq-samples",
+            "fastq, per-sample",
+            "fastq",
+            "via_fastq:samples",
+            about="map-style source: each sample written into its row",
+        ),
+        Transport(
+            "fastq-fill",
+            "fastq, zero-copy fill",
+            "fastq",
+            "via_fastq:fill",
+            about="map-style source with fill_batch(indices, out): the "
+            "producer writes straight into the slot",
+        ),
+        Transport(
+            "queue-seed",
+            "mp.Queue, seed (poll+sleep)",
+            "peer",
+            "via_queue:seed",
+            about="Keras' GeneratorEnqueuer with get_batch's consumer: "
+            "poll empty(), sleep 10 ms",
+        ),
+        Transport(
+            "queue",
+            "mp.Queue, blocking get",
+            "peer",
+            "via_queue:blocking",
+            about="the strongest form: consumer blocks in get()",
+        ),
+        Transport(
+            "dataloader",
+            "DataLoader, per-sample",
+            "peer",
+            "via_torch:samples",
+            requires="torch",
+            pip="torch==2.13.0",
+            about="batch_size=rows, default collate",
+        ),
+        Transport(
+            "dataloader-batches",
+            "DataLoader, batch_size=None",
+            "peer",
+            "via_torch:batches",
+            requires="torch",
+            pip="torch==2.13.0",
+            about="dataset items are whole batches",
+        ),
+        Transport(
+            "faster-fifo",
+            "faster-fifo",
+            "peer",
+            "via_fifo:queue",
+            requires="faster_fifo",
+            pip="faster-fifo",
+            about="shared-memory circular buffer of pickled messages",
+        ),
     )
 }
 DEFAULT_TRANSPORTS = tuple(TRANSPORTS)

@@ -18,29 +18,33 @@ def _endless(pf: Any) -> Iterator[Any]:
 
 
 def _open(case: Case, source: Any, batch_size: int | None) -> Any:
-    return fastq.Prefetcher(source, batch_size=batch_size, workers=case.workers,
-                            slots=case.slots, start_method=case.start_method)
+    return fastq.Prefetcher(
+        source,
+        batch_size=batch_size,
+        workers=case.workers,
+        slots=case.slots,
+        start_method=case.start_method,
+    )
 
 
 @contextmanager
 def batches(case: Case) -> Iterator[Feed]:
-    """Callable source: each yielded batch is copied into its slot (so the
-    producer could reuse one buffer; it rotates through as many as the
-    queues need, to touch the same memory)."""
-    src = BatchSource(case.producer(case.slots))
+    """Callable source: each yielded batch is copied into its slot before
+    the generator resumes, so the producer reuses one buffer."""
+    src = BatchSource(case.producer())
     with _open(case, src, None) as pf:
         yield Feed(_endless(pf), pf.stats)
 
 
 @contextmanager
 def samples(case: Case) -> Iterator[Feed]:
-    src = SampleDataset(case.producer(case.slots))
+    src = SampleDataset(case.producer())
     with _open(case, src, case.shape.rows) as pf:
         yield Feed(_endless(pf), pf.stats)
 
 
 @contextmanager
 def fill(case: Case) -> Iterator[Feed]:
-    src = FillDataset(case.producer(case.slots))
+    src = FillDataset(case.producer())
     with _open(case, src, case.shape.rows) as pf:
         yield Feed(_endless(pf), pf.stats)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from faster_fifo import Queue
+from faster_fifo import Queue  # type: ignore[import-not-found]
 
 from .transports import Case, Feed
 from .workloads import BatchSource
@@ -35,14 +35,15 @@ def _gets(queue: Any) -> Iterator[Any]:
 
 @contextmanager
 def queue(case: Case) -> Iterator[Feed]:
-    ctx = mp.get_context(case.start_method)
+    ctx: Any = mp.get_context(case.start_method)
     # Room for `slots` batches: the same number in flight as the others.
     q = Queue(max_size_bytes=case.slots * (case.shape.batch_bytes + _OVERHEAD))
-    # put() pickles synchronously, so one buffer would do; the pool matches
-    # the other transports' memory.
-    cfg = case.producer(case.slots)
-    procs = [ctx.Process(target=_producer, args=(BatchSource(cfg, w), q), daemon=True)
-             for w in range(case.workers)]
+    # put() pickles before it returns: the producer reuses one buffer.
+    cfg = case.producer()
+    procs = [
+        ctx.Process(target=_producer, args=(BatchSource(cfg, w), q), daemon=True)
+        for w in range(case.workers)
+    ]
     try:
         for p in procs:
             p.start()

@@ -13,16 +13,16 @@ from .workloads import Arrays, Producer
 
 
 def _copies(case: Case, buffers: int) -> Iterator[Arrays]:
-    producer = Producer(case.producer(case.slots))
-    dst = [case.shape.empty() for _ in range(buffers)]
-    for d in dst:  # fault the destinations in now, as fastq's ring is
-        for a in d:
+    producer = Producer(case.producer())
+    targets = [case.shape.empty() for _ in range(buffers)]
+    for t in targets:  # fault the destinations in now, as fastq's ring is
+        for a in t:
             a.fill(0)
     n = 0
     while True:
-        out = dst[n % buffers]
-        for d, s in zip(out, producer.batch(n)):
-            np.copyto(d, s)
+        out = targets[n % buffers]
+        for dst, src in zip(out, producer.batch(n)):
+            np.copyto(dst, src)
         n += 1
         yield out
 

@@ -30,12 +30,16 @@ def _enqueuer_task(source: BatchSource, queue: Any, stop: Any) -> None:
 @contextmanager
 def _enqueuer(case: Case, maxsize: int) -> Iterator[tuple[Any, Any]]:
     # GeneratorEnqueuer starts multiprocessing.Process: the default context.
-    ctx = mp.get_context(case.start_method)
+    ctx: Any = mp.get_context(case.start_method)
     queue = ctx.Queue(maxsize=maxsize)
     stop = ctx.Event()
     cfg = case.producer(maxsize)
-    procs = [ctx.Process(target=_enqueuer_task, args=(BatchSource(cfg, w), queue, stop),
-                         daemon=True) for w in range(case.workers)]
+    procs = [
+        ctx.Process(
+            target=_enqueuer_task, args=(BatchSource(cfg, w), queue, stop), daemon=True
+        )
+        for w in range(case.workers)
+    ]
     try:
         for p in procs:
             p.start()
@@ -51,8 +55,9 @@ def _enqueuer(case: Case, maxsize: int) -> Iterator[tuple[Any, Any]]:
 
 
 def seed_queue_size(case: Case) -> int:
-    return max(case.slots, min(SEED_QUEUE_SIZE,
-                               SEED_QUEUE_BYTES // case.shape.batch_bytes))
+    return max(
+        case.slots, min(SEED_QUEUE_SIZE, SEED_QUEUE_BYTES // case.shape.batch_bytes)
+    )
 
 
 def _get_batch(queue: Any, stop: Any) -> Iterator[Any]:

@@ -15,8 +15,11 @@ from .workloads import BatchDataset, SampleDataset
 
 def _loader(case: Case, dataset: Any, batch_size: int | None) -> Any:
     return DataLoader(
-        dataset, batch_size=batch_size, num_workers=case.workers,
-        persistent_workers=True, pin_memory=False,
+        dataset,
+        batch_size=batch_size,
+        num_workers=case.workers,
+        persistent_workers=True,
+        pin_memory=False,
         # Its default (2) when slots is the default 2 per worker.
         prefetch_factor=max(1, case.slots // case.workers),
         multiprocessing_context=case.start_method,
@@ -45,7 +48,7 @@ def _feed(loader: Any) -> Iterator[Feed]:
 
 def samples(case: Case) -> Any:
     """batch_size=rows: each worker collates samples with default_collate."""
-    return _feed(_loader(case, SampleDataset(case.producer(case.slots)), case.shape.rows))
+    return _feed(_loader(case, SampleDataset(case.producer()), case.shape.rows))
 
 
 def batches(case: Case) -> Any:

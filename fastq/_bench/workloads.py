@@ -4,8 +4,9 @@ exactly the same producer work per batch."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -43,8 +44,12 @@ class Workload:
         return self.rows * self.row_bytes
 
     def describe(self) -> str:
-        parts = [f"{self.rows} x {dt}[{','.join(map(str, s))}]" if s else
-                 f"{self.rows} x {dt}" for _, s, dt in self.fields]
+        parts = [
+            f"{self.rows} x {dt}[{','.join(map(str, s))}]"
+            if s
+            else f"{self.rows} x {dt}"
+            for _, s, dt in self.fields
+        ]
         return " + ".join(parts) + f" = {self.batch_bytes / 1e6:.3g} MB/batch"
 
     def empty(self) -> Arrays:
@@ -63,10 +68,14 @@ WORKLOADS = {
         Workload("imagenet", 128, (("image", (3, 224, 224), "uint8"), _labels())),
         Workload("float", 32, (("image", (3, 224, 224), "float32"),)),
         Workload("huge", 256, (("image", (3, 224, 224), "float32"),)),
-        Workload("compute", 64, (("image", (3, 224, 224), "uint8"), _labels()),
-                 compute=True,
-                 note="per sample: crop 224 of a 256x256 image, flip, colour "
-                      "jitter in float32, clip back to uint8"),
+        Workload(
+            "compute",
+            32,
+            (("image", (3, 224, 224), "uint8"), _labels()),
+            compute=True,
+            note="per sample: random-resized crop of a 256x256 image to 224, "
+            "flip, colour jitter in float32, back to uint8",
+        ),
     )
 }
 SHAPES = ("small", "medium", "imagenet", "float", "huge")
@@ -88,8 +97,10 @@ def read_stamp(first: Any) -> tuple[int, int]:
     """(batch number, hand-over time) of a batch's first field: the one read
     every consumer does, so it touches the batch without copying it."""
     head = memoryview(first).cast("B")[:STAMP_BYTES]
-    return (int.from_bytes(head[:8], "little", signed=True),
-            int.from_bytes(head[8:], "little", signed=True))
+    return (
+        int.from_bytes(head[:8], "little", signed=True),
+        int.from_bytes(head[8:], "little", signed=True),
+    )
 
 
 # --------------------------------------------------------- compute workload
@@ -99,24 +110,40 @@ _SOURCE_IMAGES = 16
 
 
 def _source_images(rng: np.random.Generator) -> np.ndarray[Any, Any]:
-    return rng.integers(0, 256, (_SOURCE_IMAGES, 3, _SOURCE_SIDE, _SOURCE_SIDE),
-                        dtype=np.uint8)
+    return rng.integers(
+        0, 256, (_SOURCE_IMAGES, 3, _SOURCE_SIDE, _SOURCE_SIDE), dtype=np.uint8
+    )
 
 
 def augment(images: np.ndarray[Any, Any], i: int, out: np.ndarray[Any, Any]) -> None:
-    """Sample i of the compute workload, written into `out` (3x224x224 uint8):
-    a random crop, a random horizontal flip and a colour jitter in float32,
-    the usual per-sample work of an image pipeline (about a millisecond)."""
+    """Sample i of the compute workload, written into `out` (3 x side x side
+    uint8): the usual per-sample work of an image pipeline, a few
+    milliseconds of numpy. A random-resized crop (35-100% of the area, aspect
+    3/4 to 4/3, nearest-neighbour resize by gathering rows and columns), a
+    random horizontal flip, and brightness, contrast and saturation jitter in
+    float32."""
     rng = np.random.default_rng(i)
     side = out.shape[-1]
-    y, x = rng.integers(0, _SOURCE_SIDE - side + 1, 2)
-    crop = images[i % len(images), :, y:y + side, x:x + side]
+    area = _SOURCE_SIDE * _SOURCE_SIDE * rng.uniform(0.35, 1.0)
+    aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
+    h = int(min(_SOURCE_SIDE, round(np.sqrt(area / aspect))))
+    w = int(min(_SOURCE_SIDE, round(np.sqrt(area * aspect))))
+    y = int(rng.integers(0, _SOURCE_SIDE - h + 1))
+    x = int(rng.integers(0, _SOURCE_SIDE - w + 1))
+    ys = y + (np.arange(side) * h) // side
+    xs = x + (np.arange(side) * w) // side
     if rng.random() < 0.5:
-        crop = crop[:, :, ::-1]
-    jitter = (0.8 + 0.4 * rng.random(3)).astype(np.float32)[:, None, None]
-    pixels = crop.astype(np.float32)
-    pixels *= jitter
-    pixels += np.float32(8.0) * (np.float32(rng.random()) - np.float32(0.5))
+        xs = xs[::-1]
+    pixels = images[i % len(images)][:, ys[:, None], xs[None, :]].astype(np.float32)
+    pixels *= np.float32(rng.uniform(0.6, 1.4))  # brightness
+    mean = pixels.mean()
+    pixels -= mean  # contrast
+    pixels *= np.float32(rng.uniform(0.6, 1.4))
+    pixels += mean
+    grey = pixels.mean(axis=0, keepdims=True)
+    pixels -= grey  # saturation
+    pixels *= np.float32(rng.uniform(0.6, 1.4))
+    pixels += grey
     np.clip(pixels, 0, 255, out=pixels)
     out[...] = pixels
 
@@ -128,11 +155,11 @@ def augment(images: np.ndarray[Any, Any], i: int, out: np.ndarray[Any, Any]) -> 
 class ProducerConfig:
     """What a producer process needs; small and picklable under spawn.
 
-    pool: how many batch buffers it rotates through. A transport that keeps
-    a reference to a handed-over batch for a while (mp.Queue pickles in a
-    feeder thread, DataLoader's worker too) needs more buffers than it has
-    batches in flight, or the producer would overwrite a batch not yet sent.
-    Every transport gets pool = its in-flight bound + 2.
+    pool: how many batch buffers it rotates through: 1, unless the transport
+    keeps a reference to a handed-over batch for a while (mp.Queue pickles
+    in a feeder thread, DataLoader's worker too) and needs more buffers than
+    batches in flight, or the producer would overwrite a batch not yet sent
+    (see Case.producer).
     pace_s: minimum interval between batches (latency runs); 0: free-running.
     """
 
@@ -153,21 +180,28 @@ class Producer:
     _buffers: list[Arrays] = field(default_factory=list)
     _rows: dict[int, list[Arrays]] = field(default_factory=dict)
     _images: np.ndarray[Any, Any] | None = None
-    _next_ns: int = 0
+    _next_ns: int = 0  # pacing: the earliest time of the next hand-over
 
     @property
     def workload(self) -> Workload:
         return self.cfg.workload
 
     def _template(self) -> Arrays:
+        """A batch of random content, made in milliseconds (it is set-up, not
+        per-batch work, but it delays every transport's first batch)."""
         rng = np.random.default_rng(self.seed)
         out = []
         for _, shape, dt in self.workload.fields:
             full = (self.workload.rows, *shape)
-            if np.dtype(dt).kind == "f":
-                out.append(rng.random(full, dtype=np.float32).astype(dt, copy=False))
-            else:
-                out.append(rng.integers(0, 100, full, dtype=dt))
+            dtype = np.dtype(dt)
+            if dtype.kind == "f":
+                out.append(rng.random(full, dtype=np.float32).astype(dtype, copy=False))
+            elif len(shape) == 0:  # labels
+                out.append(rng.integers(0, 1000, full, dtype=dtype))
+            else:  # random bytes, 64 bits at a time
+                nbytes = int(np.prod(full)) * dtype.itemsize
+                words = rng.integers(0, 2**64 - 1, -(-nbytes // 8), np.uint64, True)
+                out.append(words.view(np.uint8)[:nbytes].view(dtype).reshape(full))
         return tuple(out)
 
     def _buffer(self, n: int) -> Arrays:
@@ -187,14 +221,18 @@ class Producer:
         return self._images
 
     def _pace(self) -> int:
-        now = time.perf_counter_ns()
+        """Waits out the pace (sleeping: a busy wait would hold the GIL that
+        a queue's feeder thread needs), then returns the hand-over time."""
         if self.cfg.pace_s > 0:
-            if self._next_ns == 0:
-                self._next_ns = now
-            while now < self._next_ns:  # a busy wait: a sleep would add jitter
-                now = time.perf_counter_ns()
-            self._next_ns += int(self.cfg.pace_s * 1e9)
-        return now
+            left = self._next_ns - time.perf_counter_ns()
+            if left > 0:
+                time.sleep(left / 1e9)
+            now = time.perf_counter_ns()
+            # From this batch on, not from a schedule: a producer held up by
+            # a full queue does not then send a burst that waits in line.
+            self._next_ns = now + int(self.cfg.pace_s * 1e9)
+            return now
+        return time.perf_counter_ns()
 
     def _compute_rows(self, base: int, out: Arrays) -> None:
         images = self._source()
@@ -218,7 +256,7 @@ class Producer:
             # From the same rotating buffers batch() hands over, so the
             # bytes read are the same as for every other transport.
             for dst, src in zip(out, self._buffer(n)):
-                np.copyto(dst, src[:len(dst)])  # an epoch's last batch is short
+                np.copyto(dst, src[: len(dst)])  # an epoch's last batch is short
         stamp(out[0], n, self._pace())
 
     def sample(self, i: int) -> Arrays:
@@ -228,7 +266,7 @@ class Producer:
         if self.workload.compute:
             image = np.empty(self.workload.fields[0][1], np.uint8)
             augment(self._source(), i, image)
-            return image, np.int64(i % 1000)
+            return image, np.array(i % 1000, np.int64)
         n = i // rows
         k = n % max(1, self.cfg.pool)
         if k not in self._rows:
@@ -296,5 +334,5 @@ class BatchDataset(SampleDataset):
     def __len__(self) -> int:
         return self.length // self.cfg.workload.rows
 
-    def __getitem__(self, i: int) -> Arrays:  # type: ignore[override]
+    def __getitem__(self, i: int) -> Arrays:
         return self.producer.batch(int(i))
