@@ -3,21 +3,20 @@ errors for CUDA options without CUDA, the IterableDataset adapter."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pickle
 import subprocess
 import sys
 import warnings
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import fastq  # noqa: E402
-from fastq.torch import IterableDataset, TorchPrefetcher  # noqa: E402
 from torch_helpers.datasets import (  # noqa: E402
     DictImages,
     Images,
@@ -27,6 +26,9 @@ from torch_helpers.datasets import (  # noqa: E402
     expected,
     image,
 )
+
+import fastq  # noqa: E402
+from fastq.torch import IterableDataset, TorchPrefetcher  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
 
@@ -43,7 +45,8 @@ def ring_range(pf: fastq.Prefetcher) -> tuple[int, int]:
 
 def in_ring(t: Any, bounds: tuple[int, int]) -> bool:
     lo, hi = bounds
-    return lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi
+    end = t.data_ptr() + t.numel() * t.element_size()
+    return bool(lo <= t.data_ptr() and end <= hi)
 
 
 @pytest.mark.timeout(30)
@@ -149,7 +152,9 @@ def test_device_cpu_is_plain_cpu_tensors() -> None:
         assert all(in_ring(b, bounds) for b in pf)
 
 
-def test_rank_and_world_size_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rank_and_world_size_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
     with TorchPrefetcher(Indices(10), batch_size=2, workers=1) as pf:
@@ -164,10 +169,13 @@ def test_rank_and_world_size_from_the_environment(monkeypatch: pytest.MonkeyPatc
 
 
 @no_cuda
-@pytest.mark.parametrize("kwargs", [
-    {"pin_memory": True},
-    {"pin_memory": True, "device": "cpu"},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"pin_memory": True},
+        {"pin_memory": True, "device": "cpu"},
+    ],
+)
 def test_pin_memory_without_cuda_is_a_clear_error(kwargs: dict[str, Any]) -> None:
     with pytest.raises(fastq.ConfigError) as info:
         TorchPrefetcher(Images(8), batch_size=4, workers=1, **kwargs)
@@ -190,11 +198,14 @@ def test_cuda_device_without_cuda_is_a_clear_error(device: Any) -> None:
         IterableDataset(Images(8), batch_size=4, device=device)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"device": "meta"}, "CUDA devices only"),
-    ({"device": "no-such-device"}, "not a torch device"),
-    ({"pin_memory": "yes"}, "expected True, False or None"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"device": "meta"}, "CUDA devices only"),
+        ({"device": "no-such-device"}, "not a torch device"),
+        ({"pin_memory": "yes"}, "expected True, False or None"),
+    ],
+)
 def test_bad_torch_options(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(fastq.ConfigError, match=match):
         TorchPrefetcher(Images(8), batch_size=4, workers=1, **kwargs)
@@ -214,7 +225,9 @@ def test_prefetcher_arguments_are_checked_before_anything_starts() -> None:
 
 
 def test_adapter_feeds_a_dataloader_epoch_after_epoch() -> None:
-    with IterableDataset(Images(20), batch_size=8, workers=1, shuffle=True, seed=3) as ds:
+    with IterableDataset(
+        Images(20), batch_size=8, workers=1, shuffle=True, seed=3
+    ) as ds:
         assert isinstance(ds, torch.utils.data.IterableDataset)
         loader = ds.loader()
         assert len(loader) == 3
@@ -269,7 +282,7 @@ def test_adapter_refuses_dataloader_workers() -> None:
 class FakeEvent:
     """Stands in for torch.cuda.Event: done only once synchronised."""
 
-    made: list[FakeEvent] = []
+    made: ClassVar[list[FakeEvent]] = []
 
     def __init__(self) -> None:
         self.done = False
@@ -322,3 +335,62 @@ def test_pinned_batch_slots_wait_for_their_gpu_events(
             event.done = True
         cuda.reap()
         assert ring.leased == 0 and not cuda.pending
+
+
+class FakeStream:
+    """Stands in for the consumer's torch.cuda.Stream."""
+
+    def __init__(self) -> None:
+        self.waited: list[FakeEvent] = []
+
+    def wait_event(self, event: FakeEvent) -> None:
+        self.waited.append(event)
+
+
+def test_device_batch_slots_wait_for_their_copy_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The device path's bookkeeping without a GPU ('meta' tensors stand in
+    for device copies): the consumer's stream waits on each copy's event,
+    every tensor is recorded on it, and a slot is held exactly until its
+    copy's event has completed, never by the handed-out tensors."""
+    from collections import deque
+
+    from fastq.torch import _Cuda
+
+    FakeEvent.made = []
+    consumer = FakeStream()
+    recorded: list[Any] = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(
+        torch.Tensor,
+        "record_stream",
+        lambda t, s: recorded.append((t, s)),
+        raising=False,
+    )
+    with TorchPrefetcher(Images(80), batch_size=8, workers=1, slots=3) as pf:
+        cuda = _Cuda.__new__(_Cuda)
+        cuda.device, cuda.pending, cuda.closed = torch.device("meta"), deque(), False
+        cuda._host, cuda.stream = None, object()
+        pf._cuda, pf.device = cuda, cuda.device  # as device= would, on 'meta'
+        ring = pf._ring
+        batches = 0
+        for images, labels, halves in pf:
+            assert images.is_meta and labels.is_meta and halves.is_meta
+            assert images.shape == (8, 3, 6, 5) and labels.dtype == torch.int64
+            assert consumer.waited[-1] is cuda.pending[-1][0]
+            assert [t for t, _ in recorded[-3:]] == [images, labels, halves]
+            assert all(s is consumer for _, s in recorded[-3:])
+            # Only copies not known to be done hold slots; we hold none.
+            assert ring.leased == len(cuda.pending)
+            assert not any(e.done for e, _ in cuda.pending)
+            batches += 1
+        assert batches == 10
+        assert any(e.done for e in FakeEvent.made), "never waited on a copy"
+        for event in FakeEvent.made:
+            event.done = True
+        cuda.reap()
+        assert ring.leased == 0

@@ -11,9 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_helpers.datasets import Bulk, DictImages, Images, expected  # noqa: E402
+
 import fastq  # noqa: E402
 from fastq.torch import TorchPrefetcher  # noqa: E402
-from torch_helpers.datasets import Bulk, DictImages, Images, expected  # noqa: E402
 
 pytestmark = [
     pytest.mark.torch,
@@ -49,18 +50,22 @@ def test_device_batches_are_correct_and_on_the_device() -> None:
 
 
 def test_device_keeps_the_batch_structure() -> None:
-    with TorchPrefetcher(DictImages(10), batch_size=4, workers=1, device="cuda:0") as pf:
+    with TorchPrefetcher(
+        DictImages(10), batch_size=4, workers=1, device="cuda:0"
+    ) as pf:
         for batch in pf:
             assert list(batch) == ["image", "label"]
             assert batch["image"].is_cuda and batch["label"].is_cuda
-            assert np.array_equal(batch["image"].cpu().numpy(),
-                                  expected(batch["label"].cpu().numpy())[0])
+            assert np.array_equal(
+                batch["image"].cpu().numpy(), expected(batch["label"].cpu().numpy())[0]
+            )
 
 
 def test_device_slot_is_held_until_its_copy_has_run() -> None:
     n, rows = 160, 8
-    with TorchPrefetcher(Images(n), batch_size=rows, workers=2, slots=3,
-                         device="cuda") as pf:
+    with TorchPrefetcher(
+        Images(n), batch_size=rows, workers=2, slots=3, device="cuda"
+    ) as pf:
         cuda = pf._cuda
         assert cuda is not None and cuda.stream is not None
         it = iter(pf)
@@ -82,8 +87,9 @@ def test_device_slot_is_held_until_its_copy_has_run() -> None:
 
 def test_consumer_stream_waits_for_the_copy() -> None:
     rows, row_bytes = 32, 1 << 16
-    with TorchPrefetcher(Bulk(3 * rows, row_bytes), batch_size=rows, workers=1,
-                         device="cuda") as pf:
+    with TorchPrefetcher(
+        Bulk(3 * rows, row_bytes), batch_size=rows, workers=1, device="cuda"
+    ) as pf:
         cuda = pf._cuda
         assert cuda is not None and cuda.stream is not None
         it = iter(pf)
@@ -100,16 +106,18 @@ def test_consumer_stream_waits_for_the_copy() -> None:
 
 def test_pinned_cpu_batches_outlive_their_non_blocking_copies() -> None:
     n, rows = 120, 8
-    with TorchPrefetcher(Images(n), batch_size=rows, workers=2, slots=3,
-                         pin_memory=True) as pf:
+    with TorchPrefetcher(
+        Images(n), batch_size=rows, workers=2, slots=3, pin_memory=True
+    ) as pf:
         assert pf.device is None
         copies = []
         for b, (images, labels, halves) in enumerate(pf):
             assert images.is_pinned() and not images.is_cuda
             if b == 0:
                 torch.cuda._sleep(SLEEP_CYCLES)  # on the current stream
-            copies.append([t.to("cuda", non_blocking=True)
-                           for t in (images, labels, halves)])
+            copies.append(
+                [t.to("cuda", non_blocking=True) for t in (images, labels, halves)]
+            )
             del images, labels, halves  # the slot waits for the copy, not for us
         torch.cuda.synchronize()
         for b, batch in enumerate(copies):
@@ -139,7 +147,10 @@ def h2d_seconds(src: Any, dst: Any, repeat: int = 10) -> float:
     """Best time of `repeat` host-to-device copies, timed with CUDA events."""
     best = float("inf")
     for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = (
+            torch.cuda.Event(enable_timing=True),
+            torch.cuda.Event(enable_timing=True),
+        )
         start.record()
         dst.copy_(src, non_blocking=True)
         end.record()
@@ -150,8 +161,9 @@ def h2d_seconds(src: Any, dst: Any, repeat: int = 10) -> float:
 
 def test_host_to_device_bandwidth_from_the_ring_matches_pinned_tensors() -> None:
     rows, row_bytes = 64, 1 << 20  # one 64 MiB batch
-    with TorchPrefetcher(Bulk(rows, row_bytes), batch_size=rows, workers=1,
-                         pin_memory=True) as pf:
+    with TorchPrefetcher(
+        Bulk(rows, row_bytes), batch_size=rows, workers=1, pin_memory=True
+    ) as pf:
         (batch,) = [b for b in pf]
         assert batch.is_pinned() and batch.numel() == rows * row_bytes
         reference = torch.empty_like(batch).pin_memory()

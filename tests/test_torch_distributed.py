@@ -3,6 +3,7 @@ DistributedSampler's semantics, with rank and world size found on their own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,15 +22,30 @@ HERE = Path(__file__).resolve().parent
 N = 101
 
 
-def torchrun(script: Path, *args: str, timeout: float, nproc: int = 2) -> None:
+def torchrun(script: Path, *args: str, timeout: float, nproc: int = 2) -> str:
     """Runs `script` under torchrun in its own process group, killed whole
-    if it outlives `timeout`."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]),
-               OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", str(script), *args]
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if it outlives `timeout`; its output."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]),
+        OMP_NUM_THREADS="1",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(script),
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -37,11 +53,11 @@ def torchrun(script: Path, *args: str, timeout: float, nproc: int = 2) -> None:
         proc.communicate()
         raise
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # stragglers of a failed run
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, out.decode(errors="replace")[-6000:]
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-6000:]
+    return text
 
 
 @pytest.fixture(scope="module")

@@ -37,21 +37,21 @@ class DictImages(Images):
 class Rows(Images):
     """A single array per sample."""
 
-    def __getitem__(self, i: int) -> Any:  # type: ignore[override]
+    def __getitem__(self, i: int) -> Any:
         return np.full(4, i, dtype=np.float64)
 
 
 class Indices(Images):
     """Sample i is i: what the sharding tests record."""
 
-    def __getitem__(self, i: int) -> Any:  # type: ignore[override]
+    def __getitem__(self, i: int) -> Any:
         return np.int64(i)
 
 
 class Strings(Images):
     """A dtype numpy has and torch has not."""
 
-    def __getitem__(self, i: int) -> Any:  # type: ignore[override]
+    def __getitem__(self, i: int) -> Any:
         return np.array(b"abcd")
 
 

@@ -28,8 +28,12 @@ def epochs(pf: Any, n_epochs: int = EPOCHS) -> list[list[int]]:
 
 
 def record(pf: Any) -> dict[str, Any]:
-    return {"rank": pf.rank, "world_size": pf.world_size, "len": len(pf),
-            "epochs": epochs(pf)}
+    return {
+        "rank": pf.rank,
+        "world_size": pf.world_size,
+        "len": len(pf),
+        "epochs": epochs(pf),
+    }
 
 
 def main(out_dir: str) -> None:
@@ -50,8 +54,9 @@ def main(out_dir: str) -> None:
     os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", "1"
     with TorchPrefetcher(ds, batch_size=8, workers=1, shuffle=True) as pf:
         results["dist"] = record(pf)
-    with TorchPrefetcher(ds, batch_size=5, workers=1, shuffle=True, seed=1234,
-                         drop_last=True) as pf:
+    with TorchPrefetcher(
+        ds, batch_size=5, workers=1, shuffle=True, seed=1234, drop_last=True
+    ) as pf:
         results["drop_last"] = record(pf)
     with IterableDataset(ds, batch_size=8, workers=1, shuffle=True, seed=7) as adapter:
         loader = adapter.loader()
