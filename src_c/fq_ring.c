@@ -196,10 +196,9 @@ int fq_attach(void *base, uint64_t len, fq_ring *out) {
 #define FQ_RELEASE_SPINS 64u
 #define FQ_RELEASE_WAIT_NS 1000000000ull
 
-static int wait_for_release(fq_ring *r, fq_queue *q, uint64_t pos,
-                            unsigned *spins, uint64_t *deadline) {
-    uint64_t tail = atomic_load_explicit(&q->tail, memory_order_relaxed);
-    if (pos - tail >= r->ctrl->capacity) return FQ_EFULL; /* really full */
+static int wait_for_release(fq_ring *r, unsigned *spins, uint64_t *deadline) {
+    /* No early "really full" exit: with at most nslots items the queue
+     * cannot be, and a stale tail read could make one up. */
     if (++*spins <= FQ_RELEASE_SPINS) {
         fq_cpu_relax();
         return FQ_OK;
@@ -236,7 +235,7 @@ int fq_push(fq_ring *r, fq_queue_id qid, uint32_t slot) {
              * nslots <= capacity indices in existence the queue cannot be
              * full, so a popper has claimed that item (tail CAS) and not yet
              * released the cell: wait for it. */
-            int rc = wait_for_release(r, q, pos, &spins, &deadline);
+            int rc = wait_for_release(r, &spins, &deadline);
             if (rc != FQ_OK) return rc;
             pos = atomic_load_explicit(&q->head, memory_order_relaxed);
         } else {
@@ -333,10 +332,18 @@ int fq_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot, int64_t timeout_ns,
                 int64_t left =
                     deadline == UINT64_MAX ? -1 : (int64_t)(deadline - now);
                 rc = wait_word(&q->wake_seq, key, left);
-                if (rc == FQ_OK) rc = FQ_EMPTY; /* woken: try again */
+                /* Woken, or a short sleep ended (the non-futex fallback naps
+                 * in slices): go round; the deadline check above ends it. */
+                if (rc == FQ_OK || rc == FQ_TIMEOUT) rc = FQ_EMPTY;
             }
         }
-        atomic_fetch_sub(&q->waiters, 1);
+        uint32_t others = atomic_fetch_sub(&q->waiters, 1) - 1;
+        if (rc == FQ_OK && others != 0 && fq_depth(r, qid) != 0) {
+            /* Pass the wake on: a pusher's wake may have been spent on us
+             * while a stalled earlier push held the head of the queue, and
+             * another sleeper could now miss the item left behind. */
+            signal_queue(q, 1);
+        }
         if (rc != FQ_EMPTY) return rc;
     }
 }

@@ -254,8 +254,9 @@ void fq_alert(fq_ring *r);
 void fq_set_pass(fq_ring *r, uint32_t pass);
 uint32_t fq_get_pass(const fq_ring *r);
 
-/* Waits until ctrl.control differs from `seen`, for at most timeout_ns.
- * Returns FQ_OK (changed), FQ_TIMEOUT, FQ_EINTR or FQ_CLOSED. */
+/* Sleeps while ctrl.control equals `seen`, for at most timeout_ns. Returns
+ * FQ_CLOSED, FQ_TIMEOUT, FQ_EINTR, or FQ_OK when woken (control has
+ * usually moved; callers re-read it, as a wake can be spurious). */
 int fq_wait_control(fq_ring *r, uint32_t seen, int64_t timeout_ns);
 uint32_t fq_control(const fq_ring *r);
 

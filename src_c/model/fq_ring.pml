@@ -26,13 +26,13 @@
  * Checked, over every interleaving:
  *   - no slot owned by two parties at once (owner[] assertions);
  *   - with no death and no report, tasks 0..NTASKS-1 come out in order,
- *     each exactly once, and all their content is the task's own;
+ *     each exactly once, each from a slot whose header names it;
  *   - "the consumer holds every slot" happens only with an empty window
  *     (a claimed task always holds a slot) and is reported, not waited on;
  *   - no deadlock and no invalid end state: nobody is left asleep, the
  *     consumer always finishes (all tasks, alert or report), close wakes
  *     every waiter, a death always reaches the consumer;
- *   - at the end every slot is in a queue or in a dead worker's hands.
+ *   - at the end every slot is in a queue, with a dead worker, or leased.
  * Every execution is finite (the tasks are), so "never waits forever" is
  * exactly "no invalid end state", which a safety search decides.
  *
@@ -43,22 +43,26 @@
  *   -DNO_HOLD_CHECK    the consumer waits even when it holds every slot;
  *   -DCLAIM_FIRST      workers claim the task before owning a slot.
  *
- * Run (about a second; tests/test_ring_model.py does this):
- *   spin -a fq_ring.pml                # or: spin -DBROKEN_WAKE -a ...
- *   gcc -O2 -DSAFETY -o pan pan.c
- *   ./pan -m100000                     # "errors: 0" for the correct model
+ * Run (tests/test_ring_model.py does this for several sizes):
+ *   spin -DNSLOTS=3 -DNTASKS=3 -DMAXDEATHS=0 -a fq_ring.pml
+ *   gcc -w -O2 -DSAFETY -DMEMLIM=4096 -o pan pan.c
+ *   ./pan -m5000 -w25                  # "errors: 0" for the correct model
  *   spin -t -p fq_ring.pml             # replays a counterexample trail
- * Sizes: -DNSLOTS=2|3 (default 3), -DNTASKS=... (default 4), -DMAXDEATHS=0|1.
+ * with the same -D flags on every spin call (add -DBROKEN_WAKE etc. for a
+ * broken variant). Sizes (NSLOTS/NTASKS/MAXDEATHS, default 3/3/0) on two
+ * cores: 3/3/0 about 4 M states, 8 s; 2/2/1 about 3 M, 10 s; 3/4/0 about
+ * 12 M, 40 s; 2/3/1 about 9 M, 40 s; 3/4/1 runs out of minutes. Sleeps and the fast path are merged into atomic steps only where
+ * the next round re-checks what the split would show (comments say which).
  */
 
 #ifndef NSLOTS
 #define NSLOTS 3
 #endif
 #ifndef NTASKS
-#define NTASKS 4
+#define NTASKS 3
 #endif
 #ifndef MAXDEATHS
-#define MAXDEATHS 1
+#define MAXDEATHS 0
 #endif
 
 #define NWORKERS 2
@@ -83,7 +87,12 @@ byte next_task;             /* fetch_add by workers */
 bit closed;                 /* 0 -> 1 by the consumer's close */
 bit alert;                  /* set by the death watcher, sticky */
 byte waiters[2];            /* per queue: processes inside the slow path */
-byte wake_seq[2];           /* per queue: the futex word (event count) */
+/* The futex word wake_seq of each queue, kept as what matters about it:
+ * whether it moved since each waiter read its key. keyq[p] = 1 + the queue
+ * whose key process p holds, moved[p]: bumped since. Exact, unlike a
+ * counter wrapping in a byte, and it keeps the state space finite. */
+byte keyq[3];
+bit moved[3];
 
 /* Slot headers, written by the owning worker, read by the consumer. */
 byte hdr_task[NSLOTS];
@@ -100,6 +109,7 @@ byte dead_holding;          /* slots kept forever by dead workers */
 bit alerted;                /* the consumer stopped on FQ_ALERT */
 bit reported;               /* the consumer reported "holds every slot" */
 byte delivered;             /* tasks the consumer handed out, in order */
+byte kept;                  /* leases the user still holds at the end */
 byte running = NWORKERS + 1;
 
 inline take(s, me) {
@@ -112,11 +122,26 @@ inline give(s, me) {
     owner[s] = NOBODY
 }
 
-inline futex_wait(q, key, me) {
+/* key = wake_seq */
+inline read_key(q, me) {
+    keyq[me] = q + 1;
+    moved[me] = 0
+}
+
+/* wake_seq += 1 */
+inline bump(q) {
+    atomic {
+        if :: keyq[0] == q + 1 -> moved[0] = 1 :: else fi;
+        if :: keyq[1] == q + 1 -> moved[1] = 1 :: else fi;
+        if :: keyq[2] == q + 1 -> moved[2] = 1 :: else fi
+    }
+}
+
+inline futex_wait(q, me) {
     /* FUTEX_WAIT compares and enqueues atomically: EAGAIN if it moved. */
     atomic {
         if
-        :: wake_seq[q] == key -> asleep[me] = q + 1
+        :: !moved[me] -> asleep[me] = q + 1
         :: else -> skip
         fi
     };
@@ -142,20 +167,26 @@ inline futex_wake_all(q) {
     }
 }
 
-/* fq_push: the send, then (after the seq_cst fence) the waiters check. */
-inline push(q, ch, s) {
-    ch ! s;
+/* fq_push's second half, after the send and the seq_cst fence. */
+inline wake_if_waiters(q) {
     if
-    :: waiters[q] > 0 -> wake_seq[q]++; futex_wake_one(q)
+    :: waiters[q] > 0 -> bump(q); futex_wake_one(q)
     :: else -> skip
     fi
 }
 
-inline try_pop(ch, s, got) {
+inline push(q, ch, s) {
+    ch ! s;
+    wake_if_waiters(q)
+}
+
+/* The owner ghost is set in the pop's own step: nothing observable can
+ * happen between the two. */
+inline try_pop(ch, s, got, me) {
     atomic {
         if
-        :: ch ? s -> got = 1
-        :: else -> got = 0
+        :: nempty(ch) -> ch ? s; take(s, me); got = 1
+        :: empty(ch) -> got = 0
         fi
     }
 }
@@ -178,44 +209,59 @@ inline may_die(mortal) {
 
 /* fq_pop: the spin phase is a run of try_pops and adds nothing here. */
 inline pop_wait(q, ch, s, res, ab, me, mortal) {
-    res = R_NONE;
-    try_pop(ch, s, got);
-    if
-    :: got -> res = R_OK
-    :: else -> abort_check(ab, res)
-    fi;
+    /* The first try and flag check as one step: the slow path below
+     * repeats both, so splitting them adds interleavings, not outcomes. */
+    atomic {
+        res = R_NONE;
+        try_pop(ch, s, got, me);
+        if
+        :: got -> res = R_OK
+        :: else -> abort_check(ab, res)
+        fi
+    };
     do
     :: res != R_NONE -> break
     :: else ->
-        waiters[q]++;
-        key = wake_seq[q];
+        /* waiters += 1 and key = wake_seq as one step: a bump between
+         * them leaves the same key and the same retry, so the split would
+         * add states, not outcomes. */
+        atomic { waiters[q]++; read_key(q, me) };
+        /* The retry and the flag check as one step, for the same reason:
+         * whatever lands between them is seen by the next round, which a
+         * bump after it guarantees. The key stays read before both. */
+        atomic {
 #ifndef BROKEN_WAKE
-        try_pop(ch, s, got);
+            try_pop(ch, s, got, me);
 #else
-        got = 0;
+            got = 0;
 #endif
+            if
+            :: got -> res = R_OK
+            :: else -> abort_check(ab, res)
+            fi
+        };
         if
-        :: got -> res = R_OK
+        :: got -> skip
         :: else ->
-            abort_check(ab, res);
             if
             :: res == R_NONE ->
                 may_die(mortal);
-                futex_wait(q, key, me)
+                futex_wait(q, me)
             :: else -> skip
             fi
         fi;
-        waiters[q]--
-    od
+        atomic { waiters[q]--; keyq[me] = 0; moved[me] = 0 }
+    od;
+    got = 0
 }
 
 inline signal_all(q) {
-    wake_seq[q]++;
+    bump(q);
     futex_wake_all(q)
 }
 
 proctype worker(byte me) {
-    byte s, t, key, res;
+    byte s, t, res;
     bit got;
     do
     :: may_die(1);
@@ -228,32 +274,41 @@ proctype worker(byte me) {
         :: res == R_CLOSED -> break
         :: else -> assert(res == R_OK)
         fi;
-        take(s, me);
         may_die(1);
 #ifndef CLAIM_FIRST
         /* fetch_add after owning the slot: every claimed task has one. */
         atomic { t = next_task; next_task++ };
         may_die(1);
 #endif
-        hdr_task[s] = t;
-        hdr_end[s] = (t >= NTASKS);
-        may_die(1);
-        give(s, me);
-        push(READY_Q, readyq, s);
+        /* The header's plain stores, published by the send (the model
+         * is sequentially consistent; the release/acquire pair that makes
+         * the real code so is TSan's to check). */
+        atomic {
+            hdr_task[s] = t;
+            hdr_end[s] = (t >= NTASKS);
+            give(s, me);
+            readyq ! s
+        };
+        wake_if_waiters(READY_Q);
         if
         :: t >= NTASKS -> break     /* published its end marker */
-        :: else -> skip
+        :: else -> t = 0; s = 0     /* dead values: keep states few */
         fi
     od;
     running--;
     goto done;
 died:
     /* Whatever it held stays held: the ring cannot take it back. */
-    if
-    :: s < NSLOTS && owner[s] == me -> dead_holding++
-    :: else -> skip
-    fi;
-    running--;
+    atomic {
+        s = 0;
+        do
+        :: s < NSLOTS ->
+            if :: owner[s] == me -> dead_holding++ :: else fi;
+            s++
+        :: else -> break
+        od;
+        running--
+    };
 done:
     skip
 }
@@ -266,8 +321,18 @@ end_idle:
     signal_all(READY_Q)
 }
 
+/* The consumer gives slot s back: the send, then the wake (two steps, as
+ * in fq_push). Local clean-up rides in the send's atomic step. */
+inline release(s) {
+    /* Clearing the header is ghost work: stale headers would only
+     * multiply states; the next owner rewrites it anyway. */
+    atomic { give(s, CONSUMER); hdr_task[s] = 0; hdr_end[s] = 0;
+             freeq ! s; s = 0 };
+    wake_if_waiters(FREE_Q)
+}
+
 proctype consumer() {
-    byte s, t, key, res, expected, held, in_window, i;
+    byte s, t, res, expected, held, in_window, i;
     bit got;
     byte win[NTASKS];       /* 1 + slot holding task t, 0: not here */
     byte lease[NSLOTS];     /* slots the user holds, a stack */
@@ -276,8 +341,8 @@ proctype consumer() {
     :: else ->
         /* Between two next() calls the user may give leases back. */
         do
-        :: held > 0 -> held--; give(lease[held], CONSUMER);
-                       push(FREE_Q, freeq, lease[held])
+        :: held > 0 -> atomic { held--; s = lease[held]; lease[held] = 0 };
+                       release(s)
         :: true -> break
         od;
 #ifndef NO_HOLD_CHECK
@@ -294,24 +359,31 @@ proctype consumer() {
 #endif
         pop_wait(READY_Q, readyq, s, res, AB_ALERT | AB_CLOSE, CONSUMER, 0);
         if
-        :: res == R_ALERT -> alerted = 1; break
-        :: else -> assert(res == R_OK)
+        :: res == R_ALERT -> alerted = 1; res = 0; break
+        :: else -> assert(res == R_OK); res = 0
         fi;
-        take(s, CONSUMER);
-        t = hdr_task[s];
+        atomic {
+            t = hdr_task[s];
+            if
+            :: hdr_end[s] -> assert(t >= NTASKS); t = 0
+            :: else ->
+                /* At most NSLOTS tasks are in flight past `expected`. */
+                assert(t >= expected && t < expected + NSLOTS);
+                assert(win[t] == 0);
+                win[t] = s + 1;
+                in_window++;
+                s = NOBODY;
+                t = 0
+            fi
+        };
         if
-        :: hdr_end[s] ->
-            assert(t >= NTASKS);
-            give(s, CONSUMER);
-            push(FREE_Q, freeq, s)
-        :: else ->
-            /* At most NSLOTS tasks are in flight past `expected`. */
-            assert(t >= expected && t < expected + NSLOTS);
-            assert(win[t] == 0);
-            win[t] = s + 1;
-            in_window++;
-            do
-            :: expected < NTASKS && win[expected] != 0 ->
+        :: s != NOBODY -> release(s)     /* an end marker: recycle it */
+        :: else -> s = 0
+        fi;
+        /* In-order delivery out of the window. */
+        do
+        :: expected < NTASKS && win[expected] != 0 ->
+            atomic {
                 s = win[expected] - 1;
                 win[expected] = 0;
                 in_window--;
@@ -319,14 +391,14 @@ proctype consumer() {
                 assert(!seen[expected]);
                 seen[expected] = 1;
                 delivered++;
-                expected++;
-                if
-                :: held < NSLOTS -> lease[held] = s; held++
-                :: true -> give(s, CONSUMER); push(FREE_Q, freeq, s)
-                fi
-            :: else -> break
-            od
-        fi
+                expected++
+            };
+            if
+            :: held < NSLOTS -> atomic { lease[held] = s; held++; s = 0 }
+            :: true -> release(s)
+            fi
+        :: else -> break
+        od
     od;
 
     /* fq_close: the flag first, then every event count. */
@@ -335,19 +407,20 @@ proctype consumer() {
     signal_all(FREE_Q);
     signal_all(READY_Q);
 #endif
-    /* Leases outlive close; the window's slots are dropped with it. */
+    /* Leases outlive close: the user gives each back later, or keeps it
+     * to the end, so close alone must wake every waiter. The window's
+     * slots go back with the ring. */
     do
-    :: held > 0 -> held--; give(lease[held], CONSUMER);
-                   push(FREE_Q, freeq, lease[held])
+    :: held > 0 -> atomic { held--; s = lease[held]; lease[held] = 0 };
+                   release(s)
+    :: held > 0 -> atomic { kept = held; held = 0 }; break
     :: else -> break
     od;
     i = 0;
     do
     :: i < NTASKS ->
         if
-        :: win[i] != 0 -> give(win[i] - 1, CONSUMER);
-                          push(FREE_Q, freeq, win[i] - 1);
-                          win[i] = 0
+        :: win[i] != 0 -> atomic { s = win[i] - 1; win[i] = 0 }; release(s)
         :: else -> skip
         fi;
         i++
@@ -377,8 +450,8 @@ init {
     (running == 0);
     /* Nobody is left asleep: close and alert woke every waiter. */
     assert(asleep[0] == 0 && asleep[1] == 0 && asleep[2] == 0);
-    /* Every slot is back in a queue or with a dead worker. */
-    assert(len(freeq) + len(readyq) + dead_holding == NSLOTS);
+    /* Every slot is in a queue, with a dead worker, or still leased. */
+    assert(len(freeq) + len(readyq) + dead_holding + kept == NSLOTS);
     assert(deaths > 0 || !alerted);
     if
     :: deaths == 0 && !reported ->
