@@ -4,6 +4,7 @@ memory after each test)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -77,3 +78,17 @@ def test_killed_worker_raises_worker_died_promptly(
     assert name in msg and "pid" in msg and "batch 5" in msg
     if name == "SIGKILL":
         assert "out-of-memory" in msg
+
+
+def test_death_after_the_last_batch_needed_is_reported_by_the_next_fetch() -> None:
+    # The epoch is whole (nothing waited on the dead worker), so nothing is
+    # raised during it; the next fetch must not carry on with a worker short.
+    with fastq.Prefetcher(
+        PatternDataset(16), batch_size=4, workers=2, start_method="fork"
+    ) as pf:
+        assert len(list(pf)) == 4
+        os.kill(pf._pool.pids[0], signal.SIGKILL)
+        time.sleep(1.0)  # the promise: reported within a second
+        with pytest.raises(fastq.WorkerDied, match="SIGKILL"):
+            next(iter(pf))
+    assert pf.closed
