@@ -38,10 +38,14 @@ def run_isolated(case: Case, budget: Budget, options: Options) -> Result:
     except subprocess.TimeoutExpired:
         return _failed(case, "timed out (the case process was killed)")
     lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
+    try:
+        result = Result.from_json(json.loads(lines[-1]))
+    except (IndexError, ValueError, TypeError):
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return _failed(case, f"failed (exit {proc.returncode}): {tail}")
-    return Result.from_json(json.loads(lines[-1]))
+    if proc.returncode != 0:  # measured, then failed on the way out
+        result.notes.append(f"case process exited with {proc.returncode}")
+    return result
 
 
 def _failed(case: Case, why: str) -> Result:
