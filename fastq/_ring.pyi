@@ -19,7 +19,11 @@ class Ring:
     leased: int
     @staticmethod
     def create(
-        owner: Any, nslots: int, nworkers: int, slot_bytes: int, page_size: int,
+        owner: Any,
+        nslots: int,
+        nworkers: int,
+        slot_bytes: int,
+        page_size: int,
         spin_ns: int,
     ) -> Ring: ...
     @staticmethod
@@ -37,8 +41,15 @@ class Ring:
     def try_pop_ready(self) -> int: ...
     def push_free(self, slot: int) -> None: ...
     def publish(
-        self, slot: int, task: int, kind: int, rows: int, pass_: int, worker: int,
-        sample: int = 0, payload_bytes: int = 0,
+        self,
+        slot: int,
+        task: int,
+        kind: int,
+        rows: int,
+        pass_: int,
+        worker: int,
+        sample: int = 0,
+        payload_bytes: int = 0,
     ) -> None: ...
     def header(self, slot: int) -> tuple[int, int, int, int, int, int, int]: ...
     def depth(self, queue: int) -> int: ...
