@@ -1,19 +1,31 @@
-"""Builds the one compiled module, fastq._ring, from src_c/."""
+"""Builds the compiled modules from src_c/: fastq._ring (the ring) and
+fastq._rows (the producer's copies into slots)."""
 
+import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+
+CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra"]
 
 ring = Extension(
     "fastq._ring",
     sources=["src_c/_ring.pyx", "src_c/fq_ring.c"],
     include_dirs=["src_c"],
     depends=["src_c/fq_ring.h", "src_c/fq_ring.pxd"],
-    extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra"],
+    extra_compile_args=CFLAGS,
+)
+
+rows = Extension(
+    "fastq._rows",
+    sources=["src_c/_rows.pyx"],
+    include_dirs=[numpy.get_include()],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    extra_compile_args=CFLAGS,
 )
 
 setup(
     ext_modules=cythonize(
-        [ring],
+        [ring, rows],
         include_path=["src_c"],
         compiler_directives={"language_level": "3", "embedsignature": True},
     ),

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import _report
 from ._ring import SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
+from ._rows import RowWriter, copy_rows
 from ._sampler import EpochSampler
 from ._shm import Region, SharedFd
 from ._spec import BatchSpec
@@ -175,7 +176,8 @@ class _Producer:
         self.views = [
             cfg.spec.views(ring.slot_view(s), cfg.spec.rows) for s in range(ring.nslots)
         ]
-        self.sample = 0  # position in the batch of the sample being produced
+        # Copies samples into rows; its `row` names the sample being made.
+        self.rows = RowWriter(cfg.spec)
 
     # ---------------------------------------------------------------- slots
 
@@ -189,11 +191,15 @@ class _Producer:
         self.ring.set_worker_task(self.wid, task)
         return slot, task, time.perf_counter_ns() - t0
 
-    def _report(self, slot: int, task: int, exc: BaseException, pass_: int = 0) -> None:
+    def _report(
+        self, slot: int, task: int, exc: BaseException, sample: int, pass_: int = 0
+    ) -> None:
+        """Publishes exc in place of task's batch; sample is the row whose
+        making failed, or _UNKNOWN_SAMPLE for a whole-batch call."""
         payload = _report.encode(exc, self.ring.slot_bytes)
         memoryview(self.ring.slot_view(slot))[: len(payload)] = payload
         self.ring.publish(
-            slot, task, SLOT_ERROR, 0, pass_, self.wid, self.sample, len(payload)
+            slot, task, SLOT_ERROR, 0, pass_, self.wid, sample, len(payload)
         )
 
     def report_and_stop(self, exc: BaseException) -> None:
@@ -201,8 +207,7 @@ class _Producer:
         until the consumer closes the ring."""
         slot, task, _ = self._take_slot()
         if slot >= 0:
-            self.sample = 0
-            self._report(slot, task, exc)
+            self._report(slot, task, exc, 0)
         self._idle_until_closed()
 
     def _idle_until_closed(self) -> None:
@@ -222,7 +227,7 @@ class _Producer:
             if slot < 0:
                 return
             t0 = time.perf_counter_ns()
-            self.sample = _UNKNOWN_SAMPLE
+            self.rows.row = -1  # until write_samples starts on a sample
             try:
                 epoch, _ = sampler.locate(task)
                 indices = sampler.batch_indices(task)
@@ -235,53 +240,25 @@ class _Producer:
                         out = views[0][: len(indices)]
                     fill(indices, out)
                 elif getitems is not None:
-                    self.sample = _UNKNOWN_SAMPLE
                     samples = getitems(indices.tolist())
                     if len(samples) != len(indices):
                         raise SpecError(
                             f"__getitems__ returned {len(samples)} samples for "
                             f"{len(indices)} indices; return one sample per index"
                         )
-                    self._write_samples(
+                    self.rows.write_samples(
                         samples.__getitem__, list(range(len(samples))), views
                     )
                 else:
-                    self._write_samples(dataset.__getitem__, indices.tolist(), views)
+                    get = dataset.__getitem__
+                    self.rows.write_samples(get, indices.tolist(), views)
             except Exception as exc:
-                self._report(slot, task, exc)
+                row = self.rows.row
+                self._report(slot, task, exc, _UNKNOWN_SAMPLE if row < 0 else row)
                 continue
             # Counted before publishing, so stats never lag what was consumed.
             self.ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
             self.ring.publish(slot, task, SLOT_BATCH, len(indices), 0, self.wid)
-
-    def _write_samples(
-        self,
-        get: Callable[[int], Any],
-        keys: list[int],
-        views: list[np.ndarray[Any, Any]],
-    ) -> None:
-        """Row j of the slot = get(keys[j]); self.sample names the row being
-        produced before user code runs, so an error points at its sample.
-        The per-sample hot loop of map-style sources: checks cost attribute
-        reads, never conversions, for leaves that already match."""
-        spec = self.spec
-        nfields = len(views)
-        shapes = [f.shape for f in spec.fields]
-        dtypes = [f.dtype for f in spec.fields]
-        direct = spec.direct_types
-        ndarray = np.ndarray
-        for j, key in enumerate(keys):
-            self.sample = j
-            sample = get(key)
-            leaves = spec.flatten(sample, "a sample")
-            for i in range(nfields):
-                leaf = leaves[i]
-                if type(leaf) is ndarray:
-                    if leaf.shape != shapes[i] or leaf.dtype != dtypes[i]:
-                        spec.check_row(i, leaf)  # raises SpecError
-                elif type(leaf) not in direct[i]:
-                    leaf = spec.check_row(i, leaf)
-                views[i][j] = leaf
 
     # ------------------------------------------------------------- callable
 
@@ -298,7 +275,6 @@ class _Producer:
             if current != pass_ or it is None:
                 # A new pass (or the first): abandon the old iterator.
                 pass_, it = current, None
-            self.sample = 0
             try:
                 if it is None:
                     it = iter(self.cfg.source())
@@ -311,7 +287,7 @@ class _Producer:
                 it = None
                 continue
             except Exception as exc:
-                self._report(slot, task, exc, pass_)
+                self._report(slot, task, exc, 0, pass_)
                 self._idle_until_closed()
                 return
             ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
@@ -332,7 +308,7 @@ class _Producer:
     def _write_batch(self, batch: Any, views: list[np.ndarray[Any, Any]]) -> int:
         rows, arrays = self.spec.batch_arrays(batch)
         for view, arr in zip(views, arrays):
-            view[:rows] = arr
+            copy_rows(view, arr, rows)
         return rows
 
 

@@ -1,0 +1,18 @@
+# Type stubs for the producer's copies (src_c/_rows.pyx).
+from typing import Any, Callable
+
+import numpy as np
+
+from ._spec import BatchSpec
+
+class RowWriter:
+    row: int
+    def __init__(self, spec: BatchSpec) -> None: ...
+    def write_samples(
+        self,
+        get: Callable[[Any], Any],
+        keys: list[Any],
+        views: list[np.ndarray[Any, Any]],
+    ) -> None: ...
+
+def copy_rows(dst: np.ndarray[Any, Any], src: Any, rows: int) -> None: ...

@@ -1,0 +1,214 @@
+# cython: language_level=3, embedsignature=True, boundscheck=False, wraparound=False
+"""The producer's copies into a slot, in C.
+
+A map-style source makes a batch one sample at a time, so the per-sample
+cost of the loader is paid hundreds of times per batch. Here each leaf that
+already matches the spec (a C-contiguous array of the field's shape and an
+equivalent dtype, or a scalar of the field's own native type) costs one
+memcpy; anything else goes through the spec's checked Python path, which
+converts it or raises the SpecError that names the field. Whole batches
+(callable sources) get the same treatment per field.
+"""
+
+cimport numpy as cnp
+from cpython.float cimport PyFloat_AS_DOUBLE
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport int64_t
+from libc.string cimport memcpy
+
+cnp.import_array()
+
+# Copies this large let go of the GIL: any other thread of the worker (a
+# user's reader thread, the consumer watch) runs while the bytes move.
+DEF NOGIL_BYTES = 1 << 20
+
+cdef enum ScalarKind:
+    NOT_SCALAR = 0
+    NUMPY_SCALAR = 1  # the field's own numpy scalar type, native byte order
+    INT64 = 2  # also takes a Python int that fits
+    FLOAT64 = 3  # also takes a Python float
+
+
+cdef inline bint _matches(cnp.ndarray a, object dtype, int ndim,
+                          const cnp.npy_intp *dims):
+    """a has the field's dtype and row shape and can be copied as bytes."""
+    cdef int k
+    if cnp.PyArray_NDIM(a) != ndim or not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        return False
+    cdef cnp.npy_intp *have = cnp.PyArray_DIMS(a)
+    for k in range(ndim):
+        if have[k] != dims[k]:
+            return False
+    descr = <object>cnp.PyArray_DESCR(a)
+    return descr is dtype or cnp.PyArray_EquivTypes(descr, dtype)
+
+
+cdef inline void _copy(char *dst, const char *src, size_t n) noexcept:
+    if n >= NOGIL_BYTES:
+        with nogil:
+            memcpy(dst, src, n)
+    else:
+        memcpy(dst, src, n)
+
+
+cdef class RowWriter:
+    """Writes samples into the rows of a slot's field arrays for one spec.
+
+    `row` is the row being produced, set before user code runs for it, so
+    that an error can name its sample.
+    """
+
+    cdef public Py_ssize_t row
+    cdef object spec
+    cdef Py_ssize_t nfields
+    cdef bint single  # the spec is one bare array, not a structure
+    cdef bint flat  # a flat tuple of leaves needs no flattening
+    cdef list dtypes
+    cdef list scalar_types
+    cdef int *ndim
+    cdef cnp.npy_intp **dims
+    cdef size_t *row_bytes
+    cdef ScalarKind *scalar
+
+    def __cinit__(self):
+        self.ndim = NULL
+        self.dims = NULL
+        self.row_bytes = NULL
+        self.scalar = NULL
+
+    def __init__(self, spec):
+        cdef Py_ssize_t i, k
+        fields = spec.fields
+        self.spec = spec
+        self.row = 0
+        self.nfields = len(fields)
+        self.single = spec.structure is None
+        self.flat = bool(spec.flat)
+        self.dtypes = [f.dtype for f in fields]
+        n = max(1, self.nfields)
+        self.ndim = <int *>PyMem_Malloc(n * sizeof(int))
+        self.dims = <cnp.npy_intp **>PyMem_Malloc(n * sizeof(cnp.npy_intp *))
+        self.row_bytes = <size_t *>PyMem_Malloc(n * sizeof(size_t))
+        self.scalar = <ScalarKind *>PyMem_Malloc(n * sizeof(ScalarKind))
+        if not (self.ndim and self.dims and self.row_bytes and self.scalar):
+            raise MemoryError()
+        for i in range(self.nfields):
+            self.dims[i] = NULL
+        for i, f in enumerate(fields):
+            self.ndim[i] = len(f.shape)
+            self.row_bytes[i] = f.row_bytes
+            self.dims[i] = <cnp.npy_intp *>PyMem_Malloc(
+                max(1, len(f.shape)) * sizeof(cnp.npy_intp))
+            if not self.dims[i]:
+                raise MemoryError()
+            for k, d in enumerate(f.shape):
+                self.dims[i][k] = d
+            self.scalar[i] = _scalar_kind(f.shape, f.dtype)
+        self.scalar_types = [f.dtype.type for f in fields]
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.dims != NULL:
+            for i in range(self.nfields):
+                PyMem_Free(self.dims[i])
+        PyMem_Free(self.dims)
+        PyMem_Free(self.ndim)
+        PyMem_Free(self.row_bytes)
+        PyMem_Free(self.scalar)
+
+    def write_samples(self, get, list keys, list views):
+        """Row j of each field array in `views` = leaf of get(keys[j])."""
+        cdef Py_ssize_t j, i, nf = self.nfields
+        cdef list dtypes = self.dtypes
+        if len(views) != nf:
+            raise ValueError(f"{len(views)} field arrays for {nf} fields")
+        cdef cnp.ndarray view
+        for i in range(nf):
+            view = views[i]
+            if cnp.PyArray_NDIM(view) < 1 or cnp.PyArray_DIMS(view)[0] < len(keys):
+                raise ValueError(f"field array {i} has fewer than {len(keys)} rows")
+        for j in range(len(keys)):
+            self.row = j
+            sample = get(keys[j])
+            if self.single:
+                self._put(0, j, sample, views[0], dtypes[0])
+                continue
+            if self.flat and type(sample) is tuple and len(<tuple>sample) == nf:
+                leaves = sample
+            else:
+                leaves = self.spec.flatten(sample, "a sample")
+            for i in range(nf):
+                self._put(i, j, leaves[i], views[i], dtypes[i])
+
+    cdef int _put(self, Py_ssize_t i, Py_ssize_t j, object leaf,
+                  cnp.ndarray view, object dtype) except -1:
+        cdef char *dst = (<char *>cnp.PyArray_DATA(view)
+                          + j * cnp.PyArray_STRIDES(view)[0])
+        cdef ScalarKind kind = self.scalar[i]
+        cdef int overflow = 0
+        cdef int64_t v
+        cdef double d
+        if cnp.PyArray_CheckExact(leaf):
+            if _matches(<cnp.ndarray>leaf, dtype, self.ndim[i], self.dims[i]):
+                _copy(dst, <const char *>cnp.PyArray_DATA(<cnp.ndarray>leaf),
+                      self.row_bytes[i])
+                return 0
+        elif kind != NOT_SCALAR:
+            if type(leaf) is self.scalar_types[i]:
+                cnp.PyArray_ScalarAsCtype(leaf, dst)
+                return 0
+            if kind == INT64 and type(leaf) is int:
+                v = PyLong_AsLongLongAndOverflow(leaf, &overflow)
+                if not overflow:
+                    memcpy(dst, &v, sizeof(v))
+                    return 0
+            elif kind == FLOAT64 and type(leaf) is float:
+                d = PyFloat_AS_DOUBLE(leaf)
+                memcpy(dst, &d, sizeof(d))
+                return 0
+        # Converts what numpy can assign, or raises naming the field.
+        view[j] = self.spec.check_row(i, leaf)
+        return 0
+
+
+cdef ScalarKind _scalar_kind(tuple shape, object dtype):
+    if shape or not dtype.isnative or dtype.hasobject:
+        return NOT_SCALAR
+    if dtype.kind == "i" and dtype.itemsize == 8:
+        return INT64
+    if dtype.kind == "f" and dtype.itemsize == 8:
+        return FLOAT64
+    if dtype.kind in "biufc":
+        return NUMPY_SCALAR
+    return NOT_SCALAR
+
+
+def copy_rows(cnp.ndarray dst, object src, Py_ssize_t rows):
+    """dst[:rows] = src: one memcpy when src is a C-contiguous array of
+    dst's row shape and an equivalent dtype; numpy's assignment otherwise."""
+    cdef cnp.ndarray a
+    cdef int k, nd = cnp.PyArray_NDIM(dst)
+    if (
+        cnp.PyArray_CheckExact(src)
+        and cnp.PyArray_IS_C_CONTIGUOUS(dst)
+        and nd >= 1
+        and 0 <= rows <= cnp.PyArray_DIMS(dst)[0]
+    ):
+        a = <cnp.ndarray>src
+        if (
+            cnp.PyArray_NDIM(a) == nd
+            and cnp.PyArray_IS_C_CONTIGUOUS(a)
+            and cnp.PyArray_DIMS(a)[0] == rows
+        ):
+            for k in range(1, nd):
+                if cnp.PyArray_DIMS(a)[k] != cnp.PyArray_DIMS(dst)[k]:
+                    break
+            else:
+                if cnp.PyArray_EquivTypes(<object>cnp.PyArray_DESCR(a),
+                                          <object>cnp.PyArray_DESCR(dst)):
+                    _copy(<char *>cnp.PyArray_DATA(dst),
+                          <const char *>cnp.PyArray_DATA(a),
+                          cnp.PyArray_NBYTES(a))
+                    return
+    dst[:rows] = src
