@@ -1,0 +1,33 @@
+"""A compute-bound workload: workers do real per-sample numpy work, so the
+best a loader can do is stay out of the way; extra_info has the ratio to
+the ideal (workers x this process's own batch rate)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import measure_blocks, skip_if_missing
+
+from fastq._bench import cases
+from fastq._bench.measure import Budget
+
+
+def test_compute_bound(
+    benchmark: Any,
+    record: Any,
+    transport: str,
+    workers: int,
+    slots: int | None,
+    budget: Budget,
+) -> None:
+    skip_if_missing(transport)
+    found = cases.compute([transport], [workers], slots)
+    if not found:
+        pytest.skip(f"{transport}: no workers to compute in")
+    benchmark.group = f"compute-bound, {workers} worker(s)"
+    result = measure_blocks(benchmark, found[0], budget)
+    ideal = cases.compute_ideal([workers])[workers]
+    benchmark.extra_info["ideal_batches_per_s"] = round(ideal, 2)
+    benchmark.extra_info["x_ideal"] = round(result.batches_per_s / ideal, 3)
+    record("compute", result)
