@@ -285,9 +285,12 @@ def plot(results: Sequence[Result], path: str) -> str | None:
         ax.set_ylabel("GB/s delivered (log)")
         ax.set_title(f"{w} worker{'s' if w > 1 else ''}")
         ax.grid(axis="y", which="both", alpha=0.3)
-    axes[0, 0].legend(fontsize=8, ncol=2, loc="upper left")
+    # Below the panels: inside one, the legend would hide its bars.
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    rows_of_legend = -(-len(keys) // 5)
+    fig.legend(handles, labels, fontsize=8, ncol=5, loc="lower center")
     fig.suptitle(f"fastq bench: {machine()}", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.035 * rows_of_legend, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
