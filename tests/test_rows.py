@@ -27,8 +27,8 @@ def spec_of(fields: list[tuple[str, tuple[int, ...], Any]]) -> BatchSpec:
 def written(spec: BatchSpec, samples: list[Any]) -> list[np.ndarray[Any, Any]]:
     views = spec.views(bytearray(spec.slot_bytes), ROWS)
     for v in views:
-        v[...] = np.frombuffer(b"\xa5" * v.nbytes, np.uint8).view(v.dtype).reshape(
-            v.shape
+        v[...] = (
+            np.frombuffer(b"\xa5" * v.nbytes, np.uint8).view(v.dtype).reshape(v.shape)
         )
     RowWriter(spec).write_samples(samples.__getitem__, list(range(len(samples))), views)
     return views
