@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from multiprocessing.connection import wait
 from typing import Any
@@ -103,6 +104,36 @@ def _sigint_ignored() -> Iterator[None]:
         # A Ctrl+C that arrived meanwhile was dropped; the next one works.
 
 
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _unimportable_main_names(obj: Any) -> list[str]:
+    """Classes and functions that obj's pickle takes from a __main__ with no
+    file behind it: a spawned or forkserver worker re-imports __main__ from
+    its file, so these would fail there with an AttributeError."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__file__", None):
+        return []
+    found: list[str] = []
+
+    class Finder(pickle.Pickler):
+        def persistent_id(self, o: Any) -> None:
+            if (
+                isinstance(o, (type, types.FunctionType))
+                and getattr(o, "__module__", None) == "__main__"
+                and o.__qualname__ not in found
+            ):
+                found.append(o.__qualname__)
+
+    try:
+        Finder(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except Exception:  # start() reports what cannot be pickled
+        return []
+    return found
+
+
 class WorkerPool:
     """Starts the workers and watches them; a death alerts the consumer."""
 
@@ -125,7 +156,7 @@ class WorkerPool:
                     name=f"fastq-worker-{cfg.worker_id}",
                     daemon=True,
                 )
-                self._start(p, ctx)
+                self._start(p, ctx, cfg)
                 self.processes.append(p)
         except BaseException:
             self.close()
@@ -136,12 +167,22 @@ class WorkerPool:
         self._watcher.start()
 
     @staticmethod
-    def _start(p: Any, ctx: Any) -> None:
+    def _start(p: Any, ctx: Any, cfg: WorkerConfig) -> None:
+        method = ctx.get_start_method()
+        if method != "fork":
+            names = _unimportable_main_names(cfg)
+            if names:
+                raise ConfigError(
+                    f"the source or worker_init uses {', '.join(names)}, defined "
+                    "in the __main__ of `python -c`, standard input, an "
+                    "interactive session or a notebook, which "
+                    f"start_method={method!r} workers cannot import. Move it "
+                    "into a module you import, or use start_method='fork'"
+                )
         try:
             with _sigint_ignored():
                 p.start()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
-            method = ctx.get_start_method()
             raise ConfigError(
                 f"the source or worker_init cannot be pickled for "
                 f"start_method={method!r}: {exc}. Define them at module level "

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 from helpers import PatternDataset
 
@@ -92,3 +96,36 @@ def test_defaults() -> None:
     with fastq.Prefetcher(PatternDataset(10), batch_size=2) as pf:
         assert pf.workers >= 1 and pf.slots == max(2, 2 * pf.workers)
         assert sum(1 for _ in pf) == 5
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_source_defined_in_python_c_is_refused_at_once(method: str) -> None:
+    # Workers re-import __main__ from its file; `python -c` has none, so a
+    # class defined there cannot reach them. Fork inherits it and works.
+    script = textwrap.dedent(
+        f"""
+        import fastq, numpy as np
+
+        class Rows:
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                return np.full(2, i, np.int64)
+
+        try:
+            fastq.Prefetcher(Rows(), batch_size=4, start_method={method!r})
+        except fastq.ConfigError as exc:
+            print("refused:", exc)
+        with fastq.Prefetcher(Rows(), batch_size=4, start_method="fork") as pf:
+            print("fork:", [b[:, 0].tolist() for b in pf])
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "refused: the source or worker_init uses Rows, defined in the __main__" in (
+        out.stdout
+    )
+    assert "start_method='fork'" in out.stdout
+    assert "fork: [[0, 1, 2, 3], [4, 5, 6, 7]]" in out.stdout
