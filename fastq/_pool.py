@@ -109,6 +109,19 @@ class _Discard:
         return len(data)
 
 
+def _check_main_importable(method: str, cfg: WorkerConfig) -> None:
+    if method == "fork":  # workers inherit __main__ as it is
+        return
+    names = _unimportable_main_names(cfg)
+    if names:
+        raise ConfigError(
+            f"the source or worker_init uses {', '.join(names)}, defined in the "
+            "__main__ of `python -c`, standard input, an interactive session or "
+            f"a notebook, which start_method={method!r} workers cannot import. "
+            "Move it into a module you import, or use start_method='fork'"
+        )
+
+
 def _unimportable_main_names(obj: Any) -> list[str]:
     """Classes and functions that obj's pickle takes from a __main__ with no
     file behind it: a spawned or forkserver worker re-imports __main__ from
@@ -146,6 +159,8 @@ class WorkerPool:
         self._stop_r, self._stop_w = os.pipe()
         self._stack_fds: list[int] = []
         try:
+            # Every worker gets the same source and worker_init: check once.
+            _check_main_importable(ctx.get_start_method(), configs[0])
             for cfg in configs:
                 fd = anonymous_file("fastq-stack")
                 self._stack_fds.append(fd)
@@ -156,7 +171,7 @@ class WorkerPool:
                     name=f"fastq-worker-{cfg.worker_id}",
                     daemon=True,
                 )
-                self._start(p, ctx, cfg)
+                self._start(p, ctx)
                 self.processes.append(p)
         except BaseException:
             self.close()
@@ -167,22 +182,12 @@ class WorkerPool:
         self._watcher.start()
 
     @staticmethod
-    def _start(p: Any, ctx: Any, cfg: WorkerConfig) -> None:
-        method = ctx.get_start_method()
-        if method != "fork":
-            names = _unimportable_main_names(cfg)
-            if names:
-                raise ConfigError(
-                    f"the source or worker_init uses {', '.join(names)}, defined "
-                    "in the __main__ of `python -c`, standard input, an "
-                    "interactive session or a notebook, which "
-                    f"start_method={method!r} workers cannot import. Move it "
-                    "into a module you import, or use start_method='fork'"
-                )
+    def _start(p: Any, ctx: Any) -> None:
         try:
             with _sigint_ignored():
                 p.start()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            method = ctx.get_start_method()
             raise ConfigError(
                 f"the source or worker_init cannot be pickled for "
                 f"start_method={method!r}: {exc}. Define them at module level "

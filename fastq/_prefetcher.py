@@ -87,12 +87,8 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
         else:
-            rank = int(os.environ.get("RANK", "0")) if rank is None else rank
-            world_size = (
-                int(os.environ.get("WORLD_SIZE", "1"))
-                if world_size is None
-                else world_size
-            )
+            rank = _env_int("RANK", 0) if rank is None else rank
+            world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
     _positive_int("world_size", world_size, "give the number of ranks (>= 1)")
     if (
         isinstance(rank, bool)

@@ -155,8 +155,8 @@ def _watch_consumer(pid: int) -> None:
 
 
 def _seed_globals(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)
+    """Once per worker: every global generator, torch's included."""
+    _seed_python_and_numpy(seed)
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)
@@ -176,6 +176,8 @@ class _Producer:
         self.views = [
             cfg.spec.views(ring.slot_view(s), cfg.spec.rows) for s in range(ring.nslots)
         ]
+        # What fill_batch gets for a full batch, built once per slot too.
+        self.fill_outs = [cfg.spec.unflatten(v) for v in self.views]
         # Copies samples into rows; its `row` names the sample being made.
         self.rows = RowWriter(cfg.spec)
 
@@ -232,12 +234,14 @@ class _Producer:
                 epoch, _ = sampler.locate(task)
                 indices = sampler.batch_indices(task)
                 self.info._start_task(epoch, task)
-                _seed_globals_fast(mix_seed(self.cfg.seed, epoch, task))
+                _seed_python_and_numpy(mix_seed(self.cfg.seed, epoch, task))
                 views = self.views[slot]
                 if fill is not None:
-                    out = self.spec.unflatten([v[: len(indices)] for v in views])
-                    if self.spec.structure is None:
-                        out = views[0][: len(indices)]
+                    n = len(indices)
+                    if n == self.spec.rows:
+                        out = self.fill_outs[slot]
+                    else:  # an epoch's short last batch
+                        out = self.spec.unflatten([v[:n] for v in views])
                     fill(indices, out)
                 elif getitems is not None:
                     samples = getitems(indices.tolist())
@@ -312,8 +316,8 @@ class _Producer:
         return rows
 
 
-def _seed_globals_fast(seed: int) -> None:
-    # Per batch: only the cheap global generators; torch's is seeded per
-    # worker (its manual_seed costs more than a small batch).
+def _seed_python_and_numpy(seed: int) -> None:
+    # Also per batch: only the cheap global generators; torch's is seeded
+    # per worker (its manual_seed costs more than a small batch).
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)

@@ -129,3 +129,12 @@ def test_source_defined_in_python_c_is_refused_at_once(method: str) -> None:
     )
     assert "start_method='fork'" in out.stdout
     assert "fork: [[0, 1, 2, 3], [4, 5, 6, 7]]" in out.stdout
+
+
+@pytest.mark.parametrize("name", ["RANK", "WORLD_SIZE"])
+def test_a_malformed_torchrun_variable_is_named(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setenv(name, "two")
+    with pytest.raises(fastq.ConfigError, match=f"{name}='two'.*expected an integer"):
+        fastq.Prefetcher(PatternDataset(8), batch_size=2, workers=1)

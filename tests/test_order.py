@@ -137,25 +137,12 @@ def test_rank_shards_follow_distributed_sampler(
     n, bs = 47, 4
     shards = []
     for rank in range(world_size):
-        s = EpochSampler(
-            n,
-            bs,
-            shuffle=True,
-            seed=5,
-            drop_last=drop_last,
-            rank=rank,
-            world_size=world_size,
+        how = dict(
+            shuffle=True, seed=5, drop_last=drop_last, rank=rank, world_size=world_size
         )
+        s = EpochSampler(n, bs, **how)
         got = [s.batch_indices(t).tolist() for t in range(s.batches_per_epoch)]
-        assert got == reference_epoch(
-            n,
-            bs,
-            shuffle=True,
-            seed=5,
-            drop_last=drop_last,
-            rank=rank,
-            world_size=world_size,
-        )
+        assert got == reference_epoch(n, bs, **how)
         shards.append(set(itertools.chain.from_iterable(got)))
     union = set().union(*shards)
     if drop_last:

@@ -37,6 +37,14 @@ def check(batch: Any, labels: Any) -> None:
     assert np.array_equal(batch[2].cpu().numpy(), want[2])
 
 
+def check_in_order(batches: list[Any], rows: int) -> None:
+    """Batch b holds samples b*rows .. (b+1)*rows - 1, labels and content."""
+    for b, batch in enumerate(batches):
+        labels = np.arange(b * rows, (b + 1) * rows)
+        assert batch[1].cpu().tolist() == labels.tolist()
+        check(batch, labels)
+
+
 def test_device_batches_are_correct_and_on_the_device() -> None:
     with TorchPrefetcher(Images(70), batch_size=8, workers=2, device="cuda") as pf:
         assert pf.pin_memory and pf.device is not None and pf.device.index is not None
@@ -79,10 +87,7 @@ def test_device_slot_is_held_until_its_copy_has_run() -> None:
         batches = [first, *it]  # slots=3: the loop must wait for copies
         torch.cuda.synchronize()
         # Had a slot been reused early, its copy would have read a later batch.
-        for b, batch in enumerate(batches):
-            labels = np.arange(b * rows, (b + 1) * rows)
-            assert batch[1].cpu().tolist() == labels.tolist()
-            check(batch, labels)
+        check_in_order(batches, rows)
 
 
 def test_consumer_stream_waits_for_the_copy() -> None:
@@ -120,10 +125,7 @@ def test_pinned_cpu_batches_outlive_their_non_blocking_copies() -> None:
             )
             del images, labels, halves  # the slot waits for the copy, not for us
         torch.cuda.synchronize()
-        for b, batch in enumerate(copies):
-            labels_ = np.arange(b * rows, (b + 1) * rows)
-            assert batch[1].cpu().tolist() == labels_.tolist()
-            check(batch, labels_)
+        check_in_order(copies, rows)
 
 
 def test_copy_true_with_pinning_is_refused() -> None:
