@@ -11,7 +11,7 @@ ring = Extension(
     "fastq._ring",
     sources=["src_c/_ring.pyx", "src_c/fq_ring.c"],
     include_dirs=["src_c"],
-    depends=["src_c/fq_ring.h", "src_c/fq_ring.pxd"],
+    depends=["src_c/fq_ring.h", "src_c/fq_ring.pxd", "src_c/_consumer.pxi"],
     extra_compile_args=CFLAGS,
 )
 

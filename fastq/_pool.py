@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from multiprocessing.connection import wait
 from typing import Any
 
-from ._ring import Ring
+from ._ring import NO_TASK, OWNER_READY, OWNER_WORKER, READY, Ring
 from ._shm import SharedFd, anonymous_file
 from ._worker import WorkerConfig, worker_main
 from .errors import ConfigError, WorkerDied
@@ -199,6 +199,19 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
 
+    @property
+    def size(self) -> int:
+        return len(self.processes)
+
+    def holders(self) -> list[tuple[int, int]]:
+        """(worker, task) for every batch a worker is producing, from the
+        slot census."""
+        return [
+            (who, task)
+            for kind, who, task in self._ring.census()
+            if kind == OWNER_WORKER and task != NO_TASK
+        ]
+
     def stack_of(self, wid: int) -> str:
         """The worker's Python stack, dumped by its faulthandler on SIGUSR1;
         empty if it cannot be had within a fraction of a second."""
@@ -234,16 +247,39 @@ class WorkerPool:
     def _record_death(self, wid: int) -> None:
         p = self.processes[wid]
         p.join(0.1)
-        task, *_ = self._ring.worker_stats(wid)
         how, hint = _exit_description(p.exitcode)
-        held = f" while producing batch {task}" if task >= 0 else ""
+        held, task, claiming = self._what_it_held(wid)
         self.failure = WorkerDied(
             f"worker {wid} (pid {p.pid}) {how}{held}{hint}",
             worker=wid,
             pid=p.pid,
             exitcode=p.exitcode,
-            task=task if task >= 0 else None,
+            task=task,
+            claiming=claiming,
         )
+
+    def _what_it_held(self, wid: int) -> tuple[str, int | None, bool]:
+        """From the slot census: (words for the message, the batch it took
+        with it or None, whether it died between a claim and its record)."""
+        ring = self._ring
+        for slot, (kind, who, task) in enumerate(ring.census()):
+            if who != wid:
+                continue
+            if kind == OWNER_WORKER and task != NO_TASK:
+                return f" while producing batch {task} (slot {slot})", task, False
+            if kind == OWNER_WORKER:
+                return (
+                    f" holding slot {slot} before its next batch was recorded",
+                    None,
+                    True,
+                )
+            if kind == OWNER_READY and not ring.queued(READY, slot):
+                return (
+                    f" while publishing batch {task} (slot {slot}), which is lost",
+                    task,
+                    False,
+                )
+        return "", None, False
 
     def close(self) -> None:
         """Bounded: close the ring (wakes every waiter), give workers

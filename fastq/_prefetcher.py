@@ -1,5 +1,5 @@
-"""Prefetcher: the public object. Lifecycle, arguments, epochs and passes,
-the reorder window, batches handed out as views of their slots, stats."""
+"""Prefetcher: the public object. Arguments, lifecycle and stats; the
+consumer's loop lives in _consumer."""
 
 from __future__ import annotations
 
@@ -9,38 +9,20 @@ import secrets
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from . import _report
+from ._consumer import Feed
 from ._pool import WorkerPool, get_context
-from ._ring import (
-    ALERT,
-    CLOSED,
-    MAX_SLOTS,
-    MAX_WORKERS,
-    READY,
-    SLOT_BATCH,
-    SLOT_END,
-    SLOT_ERROR,
-    TIMEOUT,
-    Ring,
-    region_size,
-)
+from ._ring import MAX_SLOTS, MAX_WORKERS, Ring, region_size
 from ._sampler import EpochSampler
 from ._shm import PAGE_SIZE, Region
 from ._spec import BatchSpec
 from ._worker import WorkerConfig
-from .errors import (
-    ConfigError,
-    FetchTimeout,
-    PrefetcherClosed,
-    SlotsExhausted,
-    SpecError,
-    WorkerError,
-)
+from .errors import ConfigError, PrefetcherClosed
 
 # Room in every slot for an error report, however small the batch.
 _MIN_SLOT_BYTES = 64 * 1024
@@ -288,11 +270,21 @@ class Prefetcher:
                 for w in range(workers)
             ]
             self._pool = WorkerPool(ctx, configs, self._ring)
+            self._feed = Feed(
+                self._ring,
+                self._pool,
+                self._spec,
+                self._sampler,
+                ordered=self.ordered,
+                timeout=self.timeout,
+                copy=self.copy,
+                spin_s=_SPIN_NS / 1e9,
+                host=weakref.proxy(self),
+            )
         except BaseException:
             self._teardown()
             raise
         self._closed = False
-        self._start_state()
 
     # ------------------------------------------------------------ spec
 
@@ -333,21 +325,6 @@ class Prefetcher:
 
     # ------------------------------------------------------- iteration
 
-    def _start_state(self) -> None:
-        self._epoch = -1  # map: epoch being (or last) iterated
-        self._pass = 0  # callable: pass being iterated
-        self._pass_started = False  # callable: pass 0 not yet handed out
-        self._ended = 0  # callable: workers done with this pass
-        self._next_task = 0  # ordered: next task number to hand out
-        self._window: dict[int, tuple[int, tuple[Any, ...]]] = {}
-        self._live_iter = 0  # which `for` loop is current
-        self._epoch_done = True
-        self._n_batches = 0
-        self._n_bytes = 0
-        self._wait_ns = 0
-        self._occupancy = 0
-        self._t_first = 0.0
-
     def __len__(self) -> int:
         if self._sampler is None:
             raise TypeError("a Prefetcher over a callable source has no len()")
@@ -356,7 +333,7 @@ class Prefetcher:
     @property
     def epoch(self) -> int:
         """The epoch the current (or last) ``for`` loop iterates."""
-        return self._epoch
+        return self._feed.epoch
 
     @property
     def spec(self) -> BatchSpec:
@@ -364,213 +341,34 @@ class Prefetcher:
 
     def __iter__(self) -> Iterator[Any]:
         self._check_open()
-        self._live_iter += 1
         if self._is_map:
-            self._begin_epoch()
-            return self._iter_epoch(self._live_iter)
-        self._begin_pass()
-        return self._iter_pass(self._live_iter)
-
-    def _begin_epoch(self) -> None:
-        assert self._sampler is not None
-        b = self._sampler.batches_per_epoch
-        self._epoch += 1
-        start = self._epoch * b
-        if not self._epoch_done:
-            # The last loop stopped early: workers jump past what is left of
-            # it; what is still in flight is dropped when it arrives.
-            self._ring.skip_tasks_to(start)
-        self._next_task = start
-        for task in [t for t in self._window if t < start]:
-            self._discard(*self._window.pop(task))
-        self._epoch_done = False
-
-    def _begin_pass(self) -> None:
-        if self._pass_started:
-            self._pass += 1
-            self._ring.set_pass(self._pass)
-            self._ended = 0
-        # Items of an abandoned pass still in the window are dropped as
-        # _iter_pass meets them: in ordered mode each one advances the
-        # sequence, so none may vanish before its turn.
-        self._pass_started = True
-
-    def _iter_epoch(self, token: int) -> Iterator[Any]:
-        assert self._sampler is not None
-        b = self._sampler.batches_per_epoch
-        start = self._epoch * b
-        for _ in range(b):
-            if token != self._live_iter:
-                return
-            slot, header = self._take(start, start + b)
-            yield self._hand_out(slot, header)
-        if token == self._live_iter:
-            self._epoch_done = True
-
-    def _iter_pass(self, token: int) -> Iterator[Any]:
-        while self._ended < self.workers and token == self._live_iter:
-            slot, header = self._take(0, 1 << 63)
-            if header[3] < self._pass:
-                self._discard(slot, header)
-            elif header[1] == SLOT_END:
-                self._ended += 1
-                self._discard(slot, header)
-            else:
-                yield self._hand_out(slot, header)
-
-    def _take(self, lo: int, hi: int) -> tuple[int, tuple[Any, ...]]:
-        """The next item to hand out among tasks [lo, hi): in task order when
-        ordered, else the first to arrive. Items of earlier tasks (an
-        abandoned epoch) are dropped; later ones wait in the window."""
-        ring = self._ring
-        pool = self._pool
-        assert pool is not None
-        while True:
-            if pool.failure is not None:
-                self._fail(pool.failure)
-            if self.ordered:
-                item = self._window.pop(self._next_task, None)
-            else:
-                task = next((t for t in self._window if lo <= t < hi), None)
-                item = None if task is None else self._window.pop(task)
-            if item is not None:
-                self._next_task = item[1][0] + 1
-                return item
-            slot = ring.try_pop_ready()
-            if slot < 0:
-                slot = self._wait_ready(ring)
-            header = ring.header(slot)
-            task = header[0]
-            if task < lo or (self.ordered and task < self._next_task):
-                self._discard(slot, header)
-            elif (task == self._next_task or not self.ordered) and task < hi:
-                self._next_task = task + 1
-                return slot, header
-            else:
-                self._window[task] = (slot, header)
-
-    def _wait_ready(self, ring: Ring) -> int:
-        self._reclaim_slots(ring)
-        held = ring.leased + len(self._window)
-        if held >= ring.nslots:
-            raise SlotsExhausted(
-                f"all {ring.nslots} slots are held ({ring.leased} by batches you "
-                f"still reference, {len(self._window)} waiting their turn), so "
-                "no worker can produce the next batch. Drop references to "
-                "earlier batches (or copy what you keep: np.array(x)), pass "
-                "copy=True, or raise slots="
-            )
-        t0 = time.perf_counter_ns()
-        slot = ring.pop_ready(-1.0 if self.timeout is None else self.timeout)
-        if self._n_batches:  # waiting for the first batch is start-up, not steady state
-            self._wait_ns += time.perf_counter_ns() - t0
-        if slot >= 0:
-            return slot
-        if slot == ALERT and self._pool is not None and self._pool.failure is not None:
-            self._fail(self._pool.failure)
-        if slot == TIMEOUT:
-            self._fail(self._timeout_error())
-        if slot == CLOSED:
-            raise PrefetcherClosed(
-                "the Prefetcher was closed while waiting for a batch"
-            )
-        raise AssertionError(f"unexpected pop result {slot}")
-
-    def _hand_out(self, slot: int, header: tuple[Any, ...]) -> Any:
-        ring = self._ring
-        kind, rows = header[1], header[2]
-        if kind == SLOT_ERROR:
-            self._fail(self._worker_error(slot, header))
-        if kind != SLOT_BATCH:
-            raise AssertionError(f"slot kind {kind} handed out")
-        if self._n_batches == 0:
-            self._t_first = time.perf_counter()
-        self._n_batches += 1
-        self._n_bytes += rows * self._spec.row_bytes
-        self._occupancy += ring.depth(READY) + len(self._window)
-        lease = ring.lease(slot)
-        arrays = self._spec.views(lease, rows)
-        if self.copy:
-            arrays = [a.copy() for a in arrays]
-            lease.release()
-        del lease
-        return self._make_batch(arrays)
+            return self._feed.begin_epoch()
+        return self._feed.begin_pass()
 
     def _make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
         """Turns one batch's leaf arrays (slot views, or copies) into what
         the iteration yields. Subclasses convert them (fastq.torch)."""
         return self._spec.unflatten(arrays)
 
-    def _reclaim_slots(self, ring: Ring) -> None:
-        """Called before the consumer waits for a batch: a subclass that
-        holds slots for pending work (a GPU copy) returns what it can."""
-
-    def _discard(self, slot: int, header: tuple[Any, ...]) -> None:
-        self._ring.push_free(slot)
-
-    # ---------------------------------------------------------- errors
+    def _reclaim_slots(self) -> None:
+        """Called before the consumer sleeps waiting for a batch: a subclass
+        that holds slots for pending work (a GPU copy) returns what it can."""
 
     def _fail(self, exc: BaseException) -> None:
         self.close()
         raise exc
-
-    def _worker_error(self, slot: int, header: tuple[Any, ...]) -> Exception:
-        task, _, _, _, worker, sample, nbytes = header
-        report = _report.decode(memoryview(self._ring.slot_view(slot))[:nbytes])
-        self._ring.push_free(slot)
-        where = f"batch {task}"
-        sample_index = None
-        if self._sampler is not None:
-            indices = self._sampler.batch_indices(task)
-            if sample < len(indices):
-                sample_index = int(indices[sample])
-                where += f", sample {sample_index}"
-        pid = self._pool.pids[worker] if self._pool is not None else -1
-        if report.is_spec_error:
-            return SpecError(f"{report.message} (worker {worker}, {where})")
-        exc = WorkerError(
-            f"worker {worker} (pid {pid}) raised {report.type_name} while producing "
-            f"{where}: {report.message}\n\nRemote traceback:\n{report.traceback}",
-            worker=worker,
-            task=task,
-            sample=sample_index,
-            remote_traceback=report.traceback,
-        )
-        exc.__cause__ = report.revive()
-        return exc
-
-    def _timeout_error(self) -> FetchTimeout:
-        ring = self._ring
-        assert self._pool is not None
-        holders = [
-            (w, stats[0])
-            for w in range(ring.nworkers)
-            if (stats := ring.worker_stats(w))[0] >= 0
-        ]
-        wanted = self._next_task if self.ordered else None
-        stuck = next((w for w, t in holders if t == wanted), None)
-        if stuck is None and holders:
-            stuck = min(holders, key=lambda h: h[1])[0]
-        detail = ""
-        if stuck is not None:
-            pid = self._pool.pids[stuck]
-            task = dict(holders)[stuck]
-            stack = self._pool.stack_of(stuck).strip()
-            detail = f": worker {stuck} (pid {pid}) is still on batch {task}"
-            if stack:
-                detail += f". Its Python stack:\n{stack}\n"
-        return FetchTimeout(
-            f"no batch within timeout={self.timeout} s{detail}\nRaise timeout= "
-            "if batches are legitimately slow.",
-            worker=stuck,
-            task=wanted if wanted is not None else -1,
-        )
 
     # ------------------------------------------------------- lifecycle
 
     def _check_open(self) -> None:
         if self._closed:
             raise PrefetcherClosed("this Prefetcher is closed; create a new one")
+        if os.getpid() != self._pid:
+            raise PrefetcherClosed(
+                f"this Prefetcher belongs to process {self._pid}; a forked "
+                f"child (pid {os.getpid()}) cannot iterate it (its batches "
+                "and slots are the parent's). Create a Prefetcher in the child"
+            )
 
     @property
     def closed(self) -> bool:
@@ -582,7 +380,9 @@ class Prefetcher:
         if self._closed or os.getpid() != self._pid:
             return
         self._closed = True
-        self._live_iter += 1
+        feed = getattr(self, "_feed", None)
+        if feed is not None:
+            feed.live += 1  # every open `for` loop ends
         self._teardown()
 
     def _teardown(self) -> None:
@@ -625,31 +425,33 @@ class Prefetcher:
             when one was taken), ``slots``, and ``workers``: a list of dicts
             with ``pid``, ``batches``, ``busy_s``, ``wait_s`` and ``task``.
         """
-        elapsed = time.perf_counter() - self._t_first if self._n_batches else 0.0
+        feed = self._feed
+        n = feed.n_batches
+        elapsed = time.perf_counter() - feed.t_first if n else 0.0
         per_worker = []
         if self._pool is not None:
+            held = dict(self._pool.holders())
             for w, pid in enumerate(self._pool.pids):
-                task, batches, busy, wait, _ = self._ring.worker_stats(w)
+                batches, busy, wait, _ = self._ring.worker_stats(w)
                 per_worker.append(
                     {
                         "pid": pid,
                         "batches": batches,
                         "busy_s": busy / 1e9,
                         "wait_s": wait / 1e9,
-                        "task": task,
+                        "task": held.get(w, -1),
                     }
                 )
-        n = self._n_batches
         return {
             "batches": n,
-            "bytes": self._n_bytes,
+            "bytes": feed.n_bytes,
             "seconds": elapsed,
             "batches_per_s": n / elapsed if elapsed > 0 else 0.0,
-            "gb_per_s": self._n_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
-            "wait_share": min(1.0, self._wait_ns / 1e9 / elapsed)
+            "gb_per_s": feed.n_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
+            "wait_share": min(1.0, feed.wait_ns / 1e9 / elapsed)
             if elapsed > 0
             else 0.0,
-            "mean_ready": self._occupancy / n if n else 0.0,
+            "mean_ready": feed.occupancy / n if n else 0.0,
             "slots": self.slots,
             "workers": per_worker,
         }

@@ -184,32 +184,30 @@ class _Producer:
     # ---------------------------------------------------------------- slots
 
     def _take_slot(self) -> tuple[int, int, int]:
-        """(slot, task, wait_ns), or slot < 0 once the ring is closed."""
+        """(slot, task, wait_ns), or slot < 0 once the ring is closed. The
+        slot's census records this worker, then the task it claims."""
         t0 = time.perf_counter_ns()
-        slot = self.ring.pop_free()
+        slot = self.ring.pop_free(self.wid)
         if slot < 0:
             return slot, -1, 0
-        task = self.ring.claim_task()
-        self.ring.set_worker_task(self.wid, task)
+        task = self.ring.claim_task(slot)
         return slot, task, time.perf_counter_ns() - t0
 
     def _report(
-        self, slot: int, task: int, exc: BaseException, sample: int, pass_: int = 0
+        self, slot: int, exc: BaseException, sample: int, pass_: int = 0
     ) -> None:
-        """Publishes exc in place of task's batch; sample is the row whose
-        making failed, or _UNKNOWN_SAMPLE for a whole-batch call."""
+        """Publishes exc in place of the slot's batch; sample is the row
+        whose making failed, or _UNKNOWN_SAMPLE for a whole-batch call."""
         payload = _report.encode(exc, self.ring.slot_bytes)
         memoryview(self.ring.slot_view(slot))[: len(payload)] = payload
-        self.ring.publish(
-            slot, task, SLOT_ERROR, 0, pass_, self.wid, sample, len(payload)
-        )
+        self.ring.publish(slot, SLOT_ERROR, 0, pass_, self.wid, sample, len(payload))
 
     def report_and_stop(self, exc: BaseException) -> None:
         """Reports a failure outside any batch (worker_init), then idles
         until the consumer closes the ring."""
-        slot, task, _ = self._take_slot()
+        slot, _, _ = self._take_slot()
         if slot >= 0:
-            self._report(slot, task, exc, 0)
+            self._report(slot, exc, 0)
         self._idle_until_closed()
 
     def _idle_until_closed(self) -> None:
@@ -258,11 +256,12 @@ class _Producer:
                     self.rows.write_samples(get, indices.tolist(), views)
             except Exception as exc:
                 row = self.rows.row
-                self._report(slot, task, exc, _UNKNOWN_SAMPLE if row < 0 else row)
+                self._report(slot, exc, _UNKNOWN_SAMPLE if row < 0 else row)
                 continue
             # Counted before publishing, so stats never lag what was consumed.
             self.ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
-            self.ring.publish(slot, task, SLOT_BATCH, len(indices), 0, self.wid)
+            if not self.ring.publish(slot, SLOT_BATCH, len(indices), 0, self.wid):
+                return
 
     # ------------------------------------------------------------- callable
 
@@ -285,22 +284,23 @@ class _Producer:
                 batch = next(it)
                 rows = self._write_batch(batch, self.views[slot])
             except StopIteration:
-                ring.publish(slot, task, SLOT_END, 0, pass_, self.wid)
+                if not ring.publish(slot, SLOT_END, 0, pass_, self.wid):
+                    return
                 if not self._wait_for_next_pass(pass_):
                     return
                 it = None
                 continue
             except Exception as exc:
-                self._report(slot, task, exc, 0, pass_)
+                self._report(slot, exc, 0, pass_)
                 self._idle_until_closed()
                 return
             ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
-            ring.publish(slot, task, SLOT_BATCH, rows, pass_, self.wid)
+            if not ring.publish(slot, SLOT_BATCH, rows, pass_, self.wid):
+                return
 
     def _wait_for_next_pass(self, pass_: int) -> bool:
         """Sleeps until the consumer starts another pass; False if closed."""
         ring = self.ring
-        ring.set_worker_task(self.wid, -1)
         while True:
             seen = ring.control
             if ring.closed:

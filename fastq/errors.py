@@ -45,12 +45,16 @@ class WorkerDied(FastqError, RuntimeError):
         pid: int = -1,
         exitcode: int | None = None,
         task: int | None = None,
+        claiming: bool = False,
     ) -> None:
         super().__init__(message)
         self.worker = worker
         self.pid = pid
         self.exitcode = exitcode
         self.task = task
+        # Died between claiming a batch and recording it: the consumer,
+        # which knows what it waits for, names the batch.
+        self.claiming = claiming
 
 
 class FetchTimeout(FastqError, TimeoutError):

@@ -23,7 +23,6 @@ except ImportError as exc:  # pragma: no cover - exercised without torch only
     ) from exc
 
 from ._prefetcher import Prefetcher
-from ._ring import Ring
 from .errors import ConfigError, SharedMemoryError, SpecError
 
 __all__ = ["IterableDataset", "TorchPrefetcher"]
@@ -352,13 +351,14 @@ class TorchPrefetcher(Prefetcher):
             tensors = cuda.pinned_tensors(arrays, self._offsets)
         return self._spec.unflatten(tensors)
 
-    def _reclaim_slots(self, ring: Ring) -> None:
+    def _reclaim_slots(self) -> None:
         cuda = self._cuda
         if cuda is not None:
             cuda.reap()
             # Slots that only wait for GPU work would make the core report
             # SlotsExhausted; wait for that work instead, oldest first.
-            while cuda.pending and ring.leased + len(self._window) >= ring.nslots:
+            c = self._feed.consumer
+            while cuda.pending and c.held + c.in_window >= self._ring.nslots:
                 cuda.wait_oldest()
 
     # ---------------------------------------------------------- lifecycle

@@ -1,6 +1,8 @@
 # cython: language_level=3, embedsignature=True
-"""Thin Cython layer over fq_ring: a Ring over a mapping, and slot leases."""
+"""Thin Cython layer over fq_ring: a Ring over a mapping (the queues, the
+worker's side, the census), and the consumer's side in _consumer.pxi."""
 
+cimport cython
 from cpython.buffer cimport (
     PyBUF_WRITABLE,
     PyBuffer_FillInfo,
@@ -8,7 +10,8 @@ from cpython.buffer cimport (
     PyObject_GetBuffer,
 )
 from cpython.exc cimport PyErr_CheckSignals, PyErr_SetFromErrno
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
 
 from fq_ring cimport *
 
@@ -23,12 +26,26 @@ READY = FQ_READY
 SLOT_BATCH = FQ_SLOT_BATCH
 SLOT_ERROR = FQ_SLOT_ERROR
 SLOT_END = FQ_SLOT_END
-# Negative results of the pop methods: why no slot came back.
+# Negative results of the pop and wait methods: why no slot came back.
 TIMEOUT = -FQ_TIMEOUT
 CLOSED = -FQ_CLOSED
 ALERT = -FQ_ALERT
 MAX_SLOTS = FQ_MAX_SLOTS
 MAX_WORKERS = FQ_MAX_WORKERS
+# Census kinds (Ring.census): where each slot is.
+OWNER_FREE = FQ_OWNER_FREE
+OWNER_WORKER = FQ_OWNER_WORKER
+OWNER_READY = FQ_OWNER_READY
+OWNER_CONSUMER = FQ_OWNER_CONSUMER
+NO_TASK = FQ_NO_TASK
+
+_FAULT_POINTS = {
+    "push_free": FQ_FAULT_PUSH_FREE,
+    "push_ready": FQ_FAULT_PUSH_READY,
+    "pop_free": FQ_FAULT_POP_FREE,
+    "pop_ready": FQ_FAULT_POP_READY,
+    "claim": FQ_FAULT_CLAIM,
+}
 
 
 cdef int check(int rc) except -1:
@@ -37,9 +54,6 @@ cdef int check(int rc) except -1:
         return rc
     if rc == FQ_EINVAL:
         raise ValueError("invalid ring geometry or argument")
-    if rc == FQ_EFULL:
-        raise RingError("slot queue overflow: the ring protocol was broken "
-                        "(a slot was returned twice)")
     if rc == FQ_EBADMAGIC:
         raise RingError("the shared region does not hold a fastq ring")
     if rc == FQ_EVERSION:
@@ -67,22 +81,37 @@ def region_size(uint32_t nslots, uint32_t nworkers, uint64_t slot_bytes,
     return n
 
 
+def inject_fault(str point, uint32_t countdown, int signum):
+    """Tests only: this process raises `signum` the `countdown`-th time it
+    reaches `point` of a queue operation ("push_free", "push_ready",
+    "pop_free", "pop_ready": between the CAS and the cell release;
+    "claim": between the task's fetch_add and its record). "none" disarms."""
+    if point == "none":
+        fq_set_fault(FQ_FAULT_NONE, 0, 0)
+        return
+    if point not in _FAULT_POINTS:
+        raise ValueError(f"point={point!r}: expected one of "
+                         f"{sorted(_FAULT_POINTS)} or 'none'")
+    fq_set_fault(<fq_fault_point>_FAULT_POINTS[point], countdown, signum)
+
+
+@cython.no_gc_clear
 cdef class Ring:
     """A ring inside a writable buffer (an mmap) shared between processes.
 
     The Ring keeps the buffer exported for its whole life, so the mapping
-    cannot be closed under it; leases and slot views keep the Ring alive.
+    cannot be closed under it; views, leases and the Consumer keep the Ring
+    alive. (no_gc_clear: a lease in a reference cycle still reaches the
+    ring through its Consumer when it is finally freed.)
     """
 
     cdef fq_ring ring
     cdef Py_buffer buf
     cdef bint have_buf
     cdef readonly object owner
-    cdef readonly Py_ssize_t leased  # leases alive in this process
 
     def __cinit__(self):
         self.have_buf = False
-        self.leased = 0
 
     def __dealloc__(self):
         if self.have_buf:
@@ -132,14 +161,17 @@ cdef class Ring:
     def closed(self):
         return fq_is_closed(&self.ring) != 0
 
-    # -------------------------------------------------------------- queues
+    # ------------------------------------------------------ worker's side
 
-    cdef int _pop(self, fq_queue_id q, double timeout, unsigned abort) except -1000:
+    def pop_free(self, uint32_t worker, double timeout=-1.0):
+        """Worker `worker` takes a slot: its index, or CLOSED / TIMEOUT."""
+        self._check_worker(worker)
         cdef uint32_t slot = 0
         cdef int rc
         cdef int64_t slice_ns
         cdef uint64_t now = fq_now_ns()
         cdef uint64_t deadline = 0
+        cdef uint32_t owner = FQ_OWNER(FQ_OWNER_WORKER, worker)
         if timeout >= 0:
             deadline = now + <uint64_t>(timeout * 1e9)
         while True:
@@ -150,10 +182,11 @@ cdef class Ring:
                 elif deadline - now < <uint64_t>slice_ns:
                     slice_ns = <int64_t>(deadline - now)
             with nogil:
-                rc = fq_pop(&self.ring, q, &slot, slice_ns, abort)
+                rc = fq_pop(&self.ring, FQ_FREE, &slot, owner, slice_ns,
+                            FQ_ABORT_ON_CLOSE)
             if rc == FQ_OK:
                 return <int>slot
-            if rc == FQ_CLOSED or rc == FQ_ALERT:
+            if rc == FQ_CLOSED:
                 return -rc
             if rc == FQ_EINTR or rc == FQ_TIMEOUT:
                 PyErr_CheckSignals()
@@ -163,48 +196,71 @@ cdef class Ring:
                 continue
             check(rc)
 
-    def pop_free(self, double timeout=-1.0):
-        """A worker takes a slot: its index, or CLOSED / TIMEOUT."""
-        return self._pop(FQ_FREE, timeout, FQ_ABORT_ON_CLOSE)
-
-    def pop_ready(self, double timeout=-1.0):
-        """The consumer takes a filled slot: its index, or CLOSED / ALERT /
-        TIMEOUT. timeout < 0 waits until one of those happens."""
-        return self._pop(FQ_READY, timeout, FQ_ABORT_ON_CLOSE | FQ_ABORT_ON_ALERT)
-
-    def try_pop_ready(self):
-        """A filled slot's index without waiting, or -1."""
-        cdef uint32_t slot
-        if fq_try_pop(&self.ring, FQ_READY, &slot) == FQ_OK:
-            return <int>slot
-        return -1
-
-    def push_free(self, uint32_t slot):
-        """Returns a slot whose batch the consumer no longer needs."""
+    def claim_task(self, uint32_t slot):
+        """The next task number, recorded in the census of `slot` (which
+        the caller holds)."""
         self._check_slot(slot)
-        check(fq_push(&self.ring, FQ_FREE, slot))
+        return fq_claim_task(&self.ring, slot)
 
-    def publish(self, uint32_t slot, uint64_t task, uint32_t kind,
-                uint64_t rows, uint32_t pass_, int worker,
-                uint32_t sample=0, uint64_t payload_bytes=0):
-        """A worker fills the slot's header and pushes it on READY."""
+    def publish(self, uint32_t slot, uint32_t kind, uint64_t rows,
+                uint32_t pass_, uint32_t worker, uint32_t sample=0,
+                uint64_t payload_bytes=0):
+        """A worker fills the slot's header and pushes it on READY. True,
+        or False if the ring closed while a stalled consumer pop held the
+        cell (the wait runs without the GIL, in slices)."""
         self._check_slot(slot)
+        self._check_worker(worker)
         cdef fq_slot_header *h = &self.ring.headers[slot]
-        h.task = task
         h.kind = kind
         h.rows = rows
         h.pass_ = pass_
-        h.worker = worker
+        h.worker = <int32_t>worker
         h.sample = sample
         h.payload_bytes = payload_bytes
-        check(fq_push(&self.ring, FQ_READY, slot))
+        cdef uint32_t owner = FQ_OWNER(FQ_OWNER_READY, worker)
+        cdef int rc = fq_try_push(&self.ring, FQ_READY, slot, owner)
+        while rc == FQ_EBUSY or rc == FQ_TIMEOUT:
+            with nogil:
+                rc = fq_push(&self.ring, FQ_READY, slot, owner,
+                             WAIT_SLICE_NS, FQ_ABORT_ON_CLOSE)
+            if rc == FQ_TIMEOUT:
+                PyErr_CheckSignals()
+        if rc == FQ_CLOSED:
+            return False
+        check(rc)
+        return True
 
-    def header(self, uint32_t slot):
-        """(task, kind, rows, pass, worker, sample, payload_bytes)."""
+    def slot_view(self, uint32_t slot):
+        """A writable buffer over the slot's data for a worker's writes."""
         self._check_slot(slot)
-        cdef fq_slot_header *h = &self.ring.headers[slot]
-        return (h.task, h.kind, h.rows, h.pass_, h.worker, h.sample,
-                h.payload_bytes)
+        cdef SlotView v = SlotView.__new__(SlotView)
+        v._bind(self, slot)
+        return v
+
+    # ------------------------------------------------------------- census
+
+    def census(self):
+        """Where every slot is: a list of (owner kind, worker id, task),
+        task NO_TASK where none is recorded. A relaxed snapshot: exact for
+        the slots the calling process holds."""
+        cdef uint32_t i, o
+        out = []
+        for i in range(self.ring.ctrl.nslots):
+            o = fq_slot_owner(&self.ring, i)
+            out.append((FQ_OWNER_KIND(o), FQ_OWNER_WHO(o),
+                        fq_slot_task(&self.ring, i)))
+        return out
+
+    def queued(self, int queue, uint32_t slot):
+        """Whether `slot` sits published in FREE or READY (diagnostics)."""
+        self._check_slot(slot)
+        return fq_queued(&self.ring, FQ_READY if queue == FQ_READY else FQ_FREE,
+                         slot) != 0
+
+    @property
+    def next_task(self):
+        """The task number the next claim gets (a snapshot)."""
+        return fq_next_task(&self.ring)
 
     def depth(self, int queue):
         """Items in FREE or READY right now (a snapshot)."""
@@ -217,9 +273,6 @@ cdef class Ring:
         return 0
 
     # ---------------------------------------------------- tasks and flags
-
-    def claim_task(self):
-        return fq_claim_task(&self.ring)
 
     def skip_tasks_to(self, uint64_t task):
         return fq_skip_tasks_to(&self.ring, task)
@@ -265,51 +318,22 @@ cdef class Ring:
         self._check_worker(w)
         fq_worker_set_pid(&self.ring, w, pid)
 
-    def set_worker_task(self, uint32_t w, int64_t task):
-        self._check_worker(w)
-        fq_worker_set_task(&self.ring, w, task)
-
     def batch_done(self, uint32_t w, uint64_t busy_ns, uint64_t wait_ns):
         self._check_worker(w)
         fq_worker_done(&self.ring, w, busy_ns, wait_ns)
 
     def worker_stats(self, uint32_t w):
-        """(task in hand or -1, batches, busy_ns, wait_ns, pid)."""
+        """(batches, busy_ns, wait_ns, pid)."""
         self._check_worker(w)
         cdef fq_worker_stats s
         fq_worker_read(&self.ring, w, &s)
-        return (s.task, s.batches, s.busy_ns, s.wait_ns, s.pid)
+        return (s.batches, s.busy_ns, s.wait_ns, s.pid)
 
     cdef int _check_worker(self, uint32_t w) except -1:
         if w >= self.ring.ctrl.nworkers:
             raise IndexError(f"worker {w} out of range "
                              f"(ring has {self.ring.ctrl.nworkers})")
         return 0
-
-    # -------------------------------------------------------------- slots
-
-    def slot_view(self, uint32_t slot):
-        """A writable buffer over the slot's data for a worker's writes."""
-        self._check_slot(slot)
-        cdef SlotView v = SlotView.__new__(SlotView)
-        v._bind(self, slot)
-        return v
-
-    def lease(self, uint32_t slot):
-        """Hands the slot's data to the consumer; when the lease is garbage
-        (every view of it dropped, from any thread), the slot goes back on
-        FREE."""
-        self._check_slot(slot)
-        cdef SlotLease v = SlotLease.__new__(SlotLease)
-        v._bind(self, slot)
-        self.leased += 1
-        return v
-
-    cdef void _release(self, uint32_t slot) noexcept:
-        self.leased -= 1
-        # A failed push means the ring was already broken by a dead worker;
-        # the Prefetcher has reported that, and a dealloc must not raise.
-        fq_push(&self.ring, FQ_FREE, slot)
 
 
 cdef class SlotView:
@@ -336,18 +360,4 @@ cdef class SlotView:
         return self.ring.ring.ctrl.slot_bytes
 
 
-cdef class SlotLease(SlotView):
-    """A slot on loan to the consumer; returns it when garbage-collected."""
-
-    cdef bint released
-
-    def release(self):
-        """Returns the slot now. Only safe when no view of it is alive."""
-        if not self.released:
-            self.released = True
-            self.ring._release(self.slot)
-
-    def __dealloc__(self):
-        if not self.released and self.ring is not None:
-            self.released = True
-            self.ring._release(self.slot)
+include "_consumer.pxi"

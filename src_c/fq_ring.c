@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <string.h>
 #include <time.h>
 
@@ -22,10 +23,23 @@
 #define fq_cpu_relax() ((void)0)
 #endif
 
+/* Cross-process atomics must not fall back to a lock inside one process's
+ * address space (libatomic's lock table): the other processes would not
+ * see it. */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
+_Static_assert(ATOMIC_LONG_LOCK_FREE == 2 || sizeof(long) < 8,
+               "64-bit atomics must be lock-free");
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free");
+_Static_assert(sizeof(fq_slot_header) == FQ_CACHE_LINE,
+               "a slot header fills exactly one cache line");
+
 /* ---------------------------------------------------------------- helpers */
 
+/* x rounded up to a multiple of align (a power of two); 0 if that does not
+ * fit in 64 bits. */
 static uint64_t round_up(uint64_t x, uint64_t align) {
-    return (x + align - 1) / align * align;
+    if (x > UINT64_MAX - (align - 1)) return 0;
+    return (x + align - 1) & ~(align - 1);
 }
 
 static uint32_t next_pow2(uint32_t x) {
@@ -94,8 +108,11 @@ static void signal_queue(fq_queue *q, int count) {
 uint64_t fq_layout(const fq_geometry *g, fq_ctrl *c) {
     if (g->nslots == 0 || g->nslots > FQ_MAX_SLOTS || g->nworkers == 0 ||
         g->nworkers > FQ_MAX_WORKERS || g->slot_bytes == 0 ||
-        g->page_size == 0 || (g->page_size & (g->page_size - 1)) != 0)
+        g->page_size == 0 || (g->page_size & (g->page_size - 1)) != 0 ||
+        g->page_size < FQ_CACHE_LINE)
         return 0;
+    /* The control part is bounded by FQ_MAX_SLOTS and FQ_MAX_WORKERS (tens
+     * of megabytes), so only the data part can overflow. */
     uint32_t capacity = next_pow2(g->nslots);
     uint64_t cells = round_up(sizeof(fq_ctrl), FQ_CACHE_LINE);
     uint64_t headers =
@@ -107,7 +124,7 @@ uint64_t fq_layout(const fq_geometry *g, fq_ctrl *c) {
         round_up(workers + (uint64_t)g->nworkers * sizeof(fq_worker_entry),
                  g->page_size);
     uint64_t stride = round_up(g->slot_bytes, g->page_size);
-    if (stride > (UINT64_MAX - data) / g->nslots) return 0; /* overflow */
+    if (stride == 0 || stride > (UINT64_MAX - data) / g->nslots) return 0;
     uint64_t total = data + stride * g->nslots;
     if (c) {
         c->nslots = g->nslots;
@@ -159,7 +176,6 @@ int fq_init(void *base, uint64_t len, const fq_geometry *g, fq_ring *out) {
         atomic_init(&c->queues[q].waiters, 0);
     }
     for (uint32_t w = 0; w < c->nworkers; w++) {
-        atomic_init(&out->workers[w].task, -1);
         atomic_init(&out->workers[w].batches, 0);
         atomic_init(&out->workers[w].busy_ns, 0);
         atomic_init(&out->workers[w].wait_ns, 0);
@@ -171,8 +187,11 @@ int fq_init(void *base, uint64_t len, const fq_geometry *g, fq_ring *out) {
     atomic_init(&c->pass, 0);
     atomic_init(&c->next_task, 0);
     for (uint32_t s = 0; s < c->nslots; s++) {
-        int rc = fq_push(out, FQ_FREE, s);
-        if (rc != FQ_OK) return rc;
+        atomic_init(&out->headers[s].task, FQ_NO_TASK);
+        atomic_init(&out->headers[s].owner, FQ_OWNER(FQ_OWNER_FREE, 0));
+        /* Cannot be busy: no popper exists yet. */
+        int rc = fq_try_push(out, FQ_FREE, s, FQ_OWNER(FQ_OWNER_FREE, 0));
+        if (rc != FQ_OK) return FQ_EINVAL;
     }
     return FQ_OK;
 }
@@ -187,74 +206,136 @@ int fq_attach(void *base, uint64_t len, fq_ring *out) {
     return FQ_OK;
 }
 
-/* ----------------------------------------------------------------- queues */
+/* --------------------------------------------------------- fault points */
 
-/* Bounds a push's wait for a popper between its tail CAS and its cell
- * release: two instructions apart, unless the popper was preempted there
- * (a scheduler quantum or a few on a loaded machine) or died there. After a
- * second, or once the ring is closed, the push gives up. */
-#define FQ_RELEASE_SPINS 64u
-#define FQ_RELEASE_WAIT_NS 1000000000ull
+/* Process-local: each process arms its own (tests only). */
+static _Atomic int fault_point = FQ_FAULT_NONE;
+static _Atomic uint32_t fault_countdown;
+static int fault_signal;
 
-static int wait_for_release(fq_ring *r, unsigned *spins, uint64_t *deadline) {
-    /* No early "really full" exit: with at most nslots items the queue
-     * cannot be, and a stale tail read could make one up. */
-    if (++*spins <= FQ_RELEASE_SPINS) {
-        fq_cpu_relax();
-        return FQ_OK;
-    }
-    uint64_t now = fq_now_ns();
-    if (*deadline == 0) *deadline = now + FQ_RELEASE_WAIT_NS;
-    if (atomic_load(&r->ctrl->closed)) return FQ_CLOSED;
-    if (now >= *deadline) return FQ_EFULL;
-    sched_yield(); /* let a preempted popper run */
-    return FQ_OK;
+void fq_set_fault(fq_fault_point point, uint32_t countdown, int signum) {
+    fault_signal = signum;
+    atomic_store(&fault_countdown, countdown ? countdown : 1);
+    atomic_store(&fault_point, (int)point);
 }
 
-int fq_push(fq_ring *r, fq_queue_id qid, uint32_t slot) {
+static void fault_check(int point) {
+    /* relaxed: a test arms it before the operations it aims at. */
+    if (__builtin_expect(atomic_load_explicit(&fault_point,
+                                              memory_order_relaxed) != point,
+                         1))
+        return;
+    if (atomic_fetch_sub(&fault_countdown, 1) != 1) return;
+    atomic_store(&fault_point, FQ_FAULT_NONE);
+    raise(fault_signal);
+}
+
+static const int push_fault[2] = {FQ_FAULT_PUSH_FREE, FQ_FAULT_PUSH_READY};
+static const int pop_fault[2] = {FQ_FAULT_POP_FREE, FQ_FAULT_POP_READY};
+
+/* ----------------------------------------------------------------- queues */
+
+/* One try at claiming queue q's next enqueue cell. FQ_OK: *cell_out is
+ * ours at position *pos_out. FQ_EBUSY: the cell still holds the previous
+ * lap's item, claimed by a popper (tail CAS) that has not released it yet.
+ * With only nslots <= capacity indices in existence the queue cannot be
+ * full, so that is the only way to find such a cell; the cell's acquire
+ * load is exact where a tail read could be stale. */
+static int claim_push_cell(fq_ring *r, fq_queue_id qid, fq_cell **cell_out,
+                           uint64_t *pos_out) {
     fq_queue *q = &r->ctrl->queues[qid];
     fq_cell *cells = r->cells[qid];
     uint64_t mask = r->ctrl->capacity - 1;
-    unsigned spins = 0;
-    uint64_t deadline = 0;
     uint64_t pos = atomic_load_explicit(&q->head, memory_order_relaxed);
-    fq_cell *cell;
     for (;;) {
-        cell = &cells[pos & mask];
-        /* acquire: the consumer of this cell's previous round is done with
-         * it before we overwrite cell->slot. */
+        fq_cell *cell = &cells[pos & mask];
+        /* acquire: the popper of this cell's previous round is done with it
+         * before we overwrite cell->slot. */
         uint64_t seq = atomic_load_explicit(&cell->seq, memory_order_acquire);
         int64_t dif = (int64_t)(seq - pos);
         if (dif == 0) {
             if (atomic_compare_exchange_weak_explicit(
                     &q->head, &pos, pos + 1, memory_order_relaxed,
-                    memory_order_relaxed))
-                break;
+                    memory_order_relaxed)) {
+                *cell_out = cell;
+                *pos_out = pos;
+                return FQ_OK;
+            }
         } else if (dif < 0) {
-            /* The cell still holds the previous lap's item. With only
-             * nslots <= capacity indices in existence the queue cannot be
-             * full, so a popper has claimed that item (tail CAS) and not yet
-             * released the cell: wait for it. */
-            int rc = wait_for_release(r, &spins, &deadline);
-            if (rc != FQ_OK) return rc;
-            pos = atomic_load_explicit(&q->head, memory_order_relaxed);
+            return FQ_EBUSY;
         } else {
             pos = atomic_load_explicit(&q->head, memory_order_relaxed);
         }
     }
+}
+
+static void finish_push(fq_ring *r, fq_queue_id qid, fq_cell *cell,
+                        uint64_t pos, uint32_t slot, uint32_t owner) {
+    fault_check(push_fault[qid]);
+    /* The census changes hands with the cell: relaxed, published by the
+     * release store below together with cell->slot. */
+    atomic_store_explicit(&r->headers[slot].owner, owner,
+                          memory_order_relaxed);
     cell->slot = slot;
-    /* release: publishes cell->slot and everything this process wrote into
-     * the slot (header, data) before the push. */
+    /* release: publishes cell->slot, the census word and everything this
+     * process wrote into the slot (header, data) before the push. */
     atomic_store_explicit(&cell->seq, pos + 1, memory_order_release);
     /* seq_cst fence, paired with the waiter's: either we see its waiters
      * increment, or its retry sees our cell. */
     atomic_thread_fence(memory_order_seq_cst);
+    fq_queue *q = &r->ctrl->queues[qid];
     if (atomic_load_explicit(&q->waiters, memory_order_relaxed) != 0)
         signal_queue(q, 1);
-    return FQ_OK;
 }
 
-int fq_try_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot) {
+int fq_try_push(fq_ring *r, fq_queue_id qid, uint32_t slot, uint32_t owner) {
+    fq_cell *cell;
+    uint64_t pos;
+    int rc = claim_push_cell(r, qid, &cell, &pos);
+    if (rc == FQ_OK) finish_push(r, qid, cell, pos, slot, owner);
+    return rc;
+}
+
+static int abort_reason(const fq_ctrl *c, unsigned abort);
+
+/* How a push waits for a stalled popper: spin (the popper was preempted
+ * two instructions from its release), then yield the CPU to it, then nap
+ * with a growing interval (it is stopped or dead, and a nap costs nothing
+ * then). This path runs only while a popper is stalled, never per batch,
+ * and every nap is bounded by the caller's slice. */
+#define FQ_RELEASE_SPINS 64u
+#define FQ_RELEASE_YIELDS 64u
+#define FQ_RELEASE_NAP_MAX_NS 1000000ull
+
+int fq_push(fq_ring *r, fq_queue_id qid, uint32_t slot, uint32_t owner,
+            int64_t timeout_ns, unsigned abort) {
+    uint64_t deadline = 0, nap = 1000;
+    for (unsigned tries = 0;; tries++) {
+        int rc = fq_try_push(r, qid, slot, owner);
+        if (rc != FQ_EBUSY) return rc;
+        int why = abort_reason(r->ctrl, abort);
+        if (why != FQ_OK) return why;
+        if (tries < FQ_RELEASE_SPINS) {
+            fq_cpu_relax();
+            continue;
+        }
+        uint64_t now = fq_now_ns();
+        if (deadline == 0)
+            deadline = timeout_ns < 0 ? UINT64_MAX : now + (uint64_t)timeout_ns;
+        if (now >= deadline) return FQ_TIMEOUT;
+        if (tries < FQ_RELEASE_SPINS + FQ_RELEASE_YIELDS) {
+            sched_yield();
+            continue;
+        }
+        if (nap > deadline - now) nap = deadline - now;
+        struct timespec ts = {(time_t)(nap / 1000000000ull),
+                              (long)(nap % 1000000000ull)};
+        nanosleep(&ts, NULL);
+        if (nap < FQ_RELEASE_NAP_MAX_NS) nap *= 2;
+    }
+}
+
+int fq_try_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot, uint32_t owner) {
     fq_queue *q = &r->ctrl->queues[qid];
     fq_cell *cells = r->cells[qid];
     uint64_t mask = r->ctrl->capacity - 1;
@@ -277,7 +358,16 @@ int fq_try_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot) {
             pos = atomic_load_explicit(&q->tail, memory_order_relaxed);
         }
     }
-    *slot = (uint32_t)cell->slot;
+    uint32_t s = (uint32_t)cell->slot;
+    fault_check(pop_fault[qid]);
+    /* The census changes hands with the cell (relaxed: the release below
+     * orders it before the cell's next push). A worker's pop also clears
+     * the task until its claim records the new one. */
+    fq_slot_header *h = &r->headers[s];
+    atomic_store_explicit(&h->owner, owner, memory_order_relaxed);
+    if (FQ_OWNER_KIND(owner) == FQ_OWNER_WORKER)
+        atomic_store_explicit(&h->task, FQ_NO_TASK, memory_order_relaxed);
+    *slot = s;
     /* release: our read of cell->slot happens before the next round's
      * pusher overwrites it. */
     atomic_store_explicit(&cell->seq, pos + mask + 1, memory_order_release);
@@ -292,22 +382,22 @@ static int abort_reason(const fq_ctrl *c, unsigned abort) {
     return FQ_OK;
 }
 
-int fq_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot, int64_t timeout_ns,
-           unsigned abort) {
+int fq_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot, uint32_t owner,
+           int64_t timeout_ns, unsigned abort) {
     fq_ctrl *c = r->ctrl;
     fq_queue *q = &c->queues[qid];
-    if (fq_try_pop(r, qid, slot) == FQ_OK) return FQ_OK;
+    if (fq_try_pop(r, qid, slot, owner) == FQ_OK) return FQ_OK;
     int why = abort_reason(c, abort);
     if (why != FQ_OK) return why;
 
     uint64_t start = fq_now_ns();
     uint64_t deadline =
         timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
-    uint64_t spin_until = start + c->spin_ns;
+    uint64_t spin_until = (abort & FQ_NO_SPIN) ? start : start + c->spin_ns;
     if (spin_until > deadline) spin_until = deadline;
     /* Spin phase: bounded by spin_ns; reads the clock every 64 tries. */
-    for (unsigned i = 1;; i++) {
-        if (fq_try_pop(r, qid, slot) == FQ_OK) return FQ_OK;
+    for (unsigned i = 1; spin_until > start; i++) {
+        if (fq_try_pop(r, qid, slot, owner) == FQ_OK) return FQ_OK;
         if ((i & 63) == 0) {
             if (fq_now_ns() >= spin_until) break;
             why = abort_reason(c, abort);
@@ -322,7 +412,7 @@ int fq_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot, int64_t timeout_ns,
         uint32_t key = atomic_load(&q->wake_seq);
         atomic_thread_fence(memory_order_seq_cst);
         int rc;
-        if (fq_try_pop(r, qid, slot) == FQ_OK) {
+        if (fq_try_pop(r, qid, slot, owner) == FQ_OK) {
             rc = FQ_OK;
         } else if ((rc = abort_reason(c, abort)) == FQ_OK) {
             uint64_t now = fq_now_ns();
@@ -357,11 +447,43 @@ uint32_t fq_depth(const fq_ring *r, fq_queue_id qid) {
 
 /* ------------------------------------------------------------ task & flags */
 
-uint64_t fq_claim_task(fq_ring *r) {
+uint64_t fq_claim_task(fq_ring *r, uint32_t slot) {
     /* relaxed: the counter only hands out distinct numbers; the slot a task
      * is written into is published by the READY push. */
-    return atomic_fetch_add_explicit(&r->ctrl->next_task, 1,
-                                     memory_order_relaxed);
+    uint64_t t = atomic_fetch_add_explicit(&r->ctrl->next_task, 1,
+                                           memory_order_relaxed);
+    fault_check(FQ_FAULT_CLAIM);
+    /* relaxed: the census is read for diagnostics while we hold the slot;
+     * the consumer reads the task after its acquiring pop. */
+    atomic_store_explicit(&r->headers[slot].task, t, memory_order_relaxed);
+    return t;
+}
+
+int fq_queued(const fq_ring *r, fq_queue_id qid, uint32_t i) {
+    const fq_queue *q = &r->ctrl->queues[qid];
+    const fq_cell *cells = r->cells[qid];
+    uint64_t mask = r->ctrl->capacity - 1;
+    uint64_t head = atomic_load_explicit(&q->head, memory_order_acquire);
+    uint64_t pos = atomic_load_explicit(&q->tail, memory_order_acquire);
+    for (; pos < head; pos++) {
+        const fq_cell *cell = &cells[pos & mask];
+        if (atomic_load_explicit(&cell->seq, memory_order_acquire) == pos + 1 &&
+            cell->slot == i)
+            return 1;
+    }
+    return 0;
+}
+
+uint64_t fq_next_task(const fq_ring *r) {
+    return atomic_load_explicit(&r->ctrl->next_task, memory_order_relaxed);
+}
+
+uint32_t fq_slot_owner(const fq_ring *r, uint32_t i) {
+    return atomic_load_explicit(&r->headers[i].owner, memory_order_relaxed);
+}
+
+uint64_t fq_slot_task(const fq_ring *r, uint32_t i) {
+    return atomic_load_explicit(&r->headers[i].task, memory_order_relaxed);
 }
 
 uint64_t fq_skip_tasks_to(fq_ring *r, uint64_t task) {
@@ -412,10 +534,6 @@ int fq_wait_control(fq_ring *r, uint32_t seen, int64_t timeout_ns) {
 
 /* ----------------------------------------------------------- worker table */
 
-void fq_worker_set_task(fq_ring *r, uint32_t w, int64_t task) {
-    atomic_store_explicit(&r->workers[w].task, task, memory_order_relaxed);
-}
-
 void fq_worker_set_pid(fq_ring *r, uint32_t w, int32_t pid) {
     atomic_store_explicit(&r->workers[w].pid, pid, memory_order_relaxed);
 }
@@ -426,12 +544,10 @@ void fq_worker_done(fq_ring *r, uint32_t w, uint64_t busy_ns,
     atomic_fetch_add_explicit(&e->batches, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&e->busy_ns, busy_ns, memory_order_relaxed);
     atomic_fetch_add_explicit(&e->wait_ns, wait_ns, memory_order_relaxed);
-    atomic_store_explicit(&e->task, -1, memory_order_relaxed);
 }
 
 void fq_worker_read(const fq_ring *r, uint32_t w, fq_worker_stats *out) {
     fq_worker_entry *e = &r->workers[w];
-    out->task = atomic_load_explicit(&e->task, memory_order_relaxed);
     out->batches = atomic_load_explicit(&e->batches, memory_order_relaxed);
     out->busy_ns = atomic_load_explicit(&e->busy_ns, memory_order_relaxed);
     out->wait_ns = atomic_load_explicit(&e->wait_ns, memory_order_relaxed);

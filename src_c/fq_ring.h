@@ -22,7 +22,7 @@
  *   | ...                           |
  *   +-------------------------------+ region_bytes
  *
- * Protocol. N = nslots. Every slot index is, at any instant, in exactly one
+* Protocol. N = nslots. Every slot index is, at any instant, in exactly one
  * of these places:
  *
  *   FREE queue --(worker pops)--> WORKER --(worker pushes)--> READY queue
@@ -31,13 +31,14 @@
  *        +--(lease released)-- CONSUMER (reorder window or user) <-+
  *
  *   1. A worker pops slot s from FREE (fq_pop; waits while FREE is empty).
- *   2. It claims task t = fetch_add(ctrl.next_task, 1). Claiming after
- *      owning a slot means every claimed task already holds a slot: the
- *      consumer's next task is either in production or not yet claimed.
+ *   2. It claims task t = fetch_add(ctrl.next_task, 1) and records it in
+ *      header[s].task (fq_claim_task). Claiming after owning a slot means
+ *      every claimed task already holds a slot: the consumer's next task is
+ *      either in production or not yet claimed.
  *   3. It writes the batch into slot s's data and fills header[s] with plain
- *      stores (task, kind, rows, ...).
+ *      stores (kind, rows, ...).
  *   4. It pushes s on READY. The push's release store on the cell sequence
- *      publishes every plain store of steps 3; the consumer's acquire load in
+ *      publishes every plain store of step 3; the consumer's acquire load in
  *      its pop makes them visible. No other fence is needed for the data.
  *   5. The consumer pops s from READY, orders by header[s].task, hands out a
  *      lease; when the lease is released the consumer pushes s on FREE. The
@@ -45,18 +46,33 @@
  *      the FREE push/pop pair orders the consumer's last reads before the
  *      next worker's writes.
  *
- * Queues: Dmitry Vyukov's bounded MPMC queue. capacity is a power of two
+ * Census. header[s].owner says where slot s is: FQ_OWNER_FREE, WORKER(w),
+ * READY(w) or CONSUMER. Each queue operation writes it while it holds the
+ * slot's cell exclusively (a push between its head CAS and its cell
+ * release, a pop between its tail CAS and its cell release), so the word
+ * changes hands together with the slot and a reader never sees a slot
+ * "nowhere": a slot whose owner is CONSUMER is the consumer's to account
+ * for, one whose owner is WORKER(w) or READY(w) was last handled by worker
+ * w. header[s].task is FQ_NO_TASK from a worker's pop until its claim. A
+ * process that dies inside a queue operation leaves the word at its last
+ * value and its cell unreleased (see Queues).
+ *
+* Queues: Dmitry Vyukov's bounded MPMC queue. capacity is a power of two
  * >= N, and only N indices exist, so a queue never holds more than N items.
  * Its cells can still all be taken: a popper stalled between its tail CAS
  * and its cell release keeps that cell while the others lap the queue, and
- * the next push to reach the cell must wait for the release. fq_push waits
- * (spin, then yield; at most a second, and FQ_CLOSED once the ring is
- * closed); FQ_EFULL means the popper never came back (it died there) or the
- * protocol was broken.
+ * the next push to reach the cell must wait for the release. The popper may
+ * be preempted (microseconds), stopped (SIGSTOP, a debugger, a throttled
+ * cgroup: as long as it stays stopped) or dead (forever). So a push never
+ * reports a full queue: fq_try_push answers FQ_EBUSY at once and leaves
+ * nothing changed (the consumer keeps such a slot and retries later, so a
+ * paused worker that comes back costs nothing), and fq_push waits within
+ * its caller's slice, stopping on the closed and alert flags (workers).
  *   head (enqueue position): CAS, relaxed; the cell's seq is the real fence.
  *   tail (dequeue position): CAS, relaxed; ditto.
- *   cell.seq: acquire load / release store: publishes cell.slot and, through
- *             the producer's program order, the slot's header and data.
+ *   cell.seq: acquire load / release store: publishes cell.slot, the
+ *             slot's census word and, through the producer's program order,
+ *             the slot's header and data.
  *
  * Waiting: an event count per queue. A waiter does
  *     waiters += 1 (seq_cst); key = wake_seq (seq_cst); fence(seq_cst);
@@ -82,10 +98,16 @@
  *            callable source (pass), or closes; workers between passes wait
  *            on it.
  *
- * A process that dies inside a push or pop leaves its cell half-written and
+* A process that dies inside a push or pop leaves its cell half-written and
  * the queue stuck at that position. fastq treats any worker death as fatal
  * to the ring (the consumer raises WorkerDied and tears down), so the ring
- * never needs repair.
+ * never needs repair; the census names what the dead worker held.
+ *
+ * Fault injection (tests only): fq_set_fault makes this process raise a
+ * signal at one named step of its queue operations (between a CAS and its
+ * cell release, or between a claim and its record), so that deaths and
+ * stops inside them are tested for real. Unset, it costs one load of a
+ * process-local word per operation.
  */
 #ifndef FQ_RING_H
 #define FQ_RING_H
@@ -100,7 +122,7 @@ extern "C" {
 #endif
 
 #define FQ_MAGIC 0x66617374715f7231ULL /* "fastq_r1" */
-#define FQ_VERSION 1u
+#define FQ_VERSION 2u
 #define FQ_CACHE_LINE 64
 #define FQ_MAX_SLOTS (1u << 20)
 #define FQ_MAX_WORKERS 4096u
@@ -113,8 +135,9 @@ typedef enum fq_status {
     FQ_CLOSED = 3,    /* the ring was closed while waiting (not an error) */
     FQ_ALERT = 4,     /* the consumer was alerted while waiting (not an error) */
     FQ_EINTR = 5,     /* a signal interrupted the sleep (not an error) */
+    FQ_EBUSY = 6,     /* try-push met a stalled popper's cell: nothing was
+                         pushed (not an error; retry later) */
     FQ_EINVAL = -1,   /* bad argument */
-    FQ_EFULL = -2,    /* push found the queue full: protocol broken */
     FQ_EBADMAGIC = -3,/* the region does not hold an fq ring */
     FQ_EVERSION = -4, /* the region was made by another fq version */
     FQ_ESMALL = -5,   /* the region is smaller than the geometry needs */
@@ -124,7 +147,36 @@ typedef enum fq_status {
 typedef enum fq_queue_id { FQ_FREE = 0, FQ_READY = 1 } fq_queue_id;
 
 /* What pops wait for besides an item. */
-enum { FQ_ABORT_ON_CLOSE = 1u, FQ_ABORT_ON_ALERT = 2u };
+enum {
+    FQ_ABORT_ON_CLOSE = 1u,
+    FQ_ABORT_ON_ALERT = 2u,
+    FQ_NO_SPIN = 4u /* fq_pop: the caller has just spun; sleep at once */
+};
+
+/* Who holds a slot: header.owner = kind | who << 8 (who: a worker id). */
+typedef enum fq_owner_kind {
+    FQ_OWNER_FREE = 0,     /* on the FREE queue (or being pushed there) */
+    FQ_OWNER_WORKER = 1,   /* taken from FREE by worker `who` */
+    FQ_OWNER_READY = 2,    /* pushed on READY by worker `who` */
+    FQ_OWNER_CONSUMER = 3  /* taken from READY by the consumer */
+} fq_owner_kind;
+#define FQ_OWNER(kind, who) ((uint32_t)(kind) | ((uint32_t)(who) << 8))
+#define FQ_OWNER_KIND(owner) ((owner)&0xffu)
+#define FQ_OWNER_WHO(owner) ((owner) >> 8)
+#define FQ_NO_TASK UINT64_MAX
+
+/* Steps of this process's queue operations where fq_set_fault can raise a
+ * signal: inside a push or pop, after the CAS that claims a cell and
+ * before the cell is released; in fq_claim_task, after the fetch_add and
+ * before the task is recorded. */
+typedef enum fq_fault_point {
+    FQ_FAULT_NONE = 0,
+    FQ_FAULT_PUSH_FREE = 1,
+    FQ_FAULT_PUSH_READY = 2,
+    FQ_FAULT_POP_FREE = 3,
+    FQ_FAULT_POP_READY = 4,
+    FQ_FAULT_CLAIM = 5
+} fq_fault_point;
 
 /* What a published slot holds. */
 typedef enum fq_slot_kind {
@@ -171,22 +223,28 @@ typedef struct fq_ctrl {
     fq_queue queues[2]; /* FQ_FREE, FQ_READY */
 } fq_ctrl;
 
-/* Written by the worker that owns the slot, published by its READY push. */
+/* What the batch in a slot is, and who holds the slot. The plain fields
+ * are written by the worker that owns the slot and published by its READY
+ * push; owner and task are atomics that the consumer also reads while a
+ * worker holds the slot (census, diagnostics). */
 typedef struct fq_slot_header {
-    alignas(FQ_CACHE_LINE) uint64_t task; /* claimed task number */
+    alignas(FQ_CACHE_LINE) _Atomic uint64_t task; /* claimed task number;
+                              FQ_NO_TASK from a worker's pop to its claim */
+    _Atomic uint32_t owner; /* census: FQ_OWNER(kind, who), written inside
+                               the queue operation that hands the slot on */
+    uint32_t pass;          /* callable sources: the pass it belongs to */
     uint64_t rows;          /* batch rows filled (<= the spec's capacity) */
     uint64_t payload_bytes; /* FQ_SLOT_ERROR: bytes of the report */
-    uint32_t pass;          /* callable sources: the pass it belongs to */
     int32_t worker;         /* id of the worker that wrote it */
     uint32_t kind;          /* fq_slot_kind */
     uint32_t sample;        /* FQ_SLOT_ERROR: position of the failing sample */
 } fq_slot_header;
 
 /* Each written only by its worker (relaxed: diagnostics, not
- * synchronisation); read by the consumer for errors and stats. */
+ * synchronisation); read by the consumer for stats. What a worker holds is
+ * in the slot census, not here. */
 typedef struct fq_worker_entry {
-    alignas(FQ_CACHE_LINE) _Atomic int64_t task; /* task in hand, -1: none */
-    _Atomic uint64_t batches; /* batches published */
+    alignas(FQ_CACHE_LINE) _Atomic uint64_t batches; /* batches published */
     _Atomic uint64_t busy_ns; /* time producing batches */
     _Atomic uint64_t wait_ns; /* time waiting for a free slot */
     _Atomic int32_t pid;      /* the worker's pid, once started */
@@ -219,25 +277,45 @@ int fq_init(void *base, uint64_t len, const fq_geometry *g, fq_ring *out);
 /* Validates a region formatted by fq_init and fills *out. */
 int fq_attach(void *base, uint64_t len, fq_ring *out);
 
-/* Pushes `slot` on queue q and wakes one sleeper if any. FQ_OK; FQ_CLOSED
- * if the ring closed while a late popper held the cell; FQ_EFULL if that
- * popper never released it. */
-int fq_push(fq_ring *r, fq_queue_id q, uint32_t slot);
+/* Pushes `slot` on queue q, recording `owner` in its census word, and
+ * wakes one sleeper if any. FQ_OK, or FQ_EBUSY (nothing pushed) if the
+ * cell it must use is still held by a popper stalled inside its pop. */
+int fq_try_push(fq_ring *r, fq_queue_id q, uint32_t slot, uint32_t owner);
 
-/* Pops without waiting: FQ_OK or FQ_EMPTY. */
-int fq_try_pop(fq_ring *r, fq_queue_id q, uint32_t *slot);
+/* As fq_try_push, but waits up to timeout_ns for a stalled popper: FQ_OK,
+ * FQ_TIMEOUT, or FQ_CLOSED / FQ_ALERT when `abort` asks for them. */
+int fq_push(fq_ring *r, fq_queue_id q, uint32_t slot, uint32_t owner,
+            int64_t timeout_ns, unsigned abort);
 
-/* Pops, spinning then sleeping for at most timeout_ns (< 0: one sleep of
- * unbounded length, which callers avoid). Returns FQ_OK, FQ_TIMEOUT,
- * FQ_EINTR, or FQ_CLOSED / FQ_ALERT when `abort` asks for them. */
-int fq_pop(fq_ring *r, fq_queue_id q, uint32_t *slot, int64_t timeout_ns,
-           unsigned abort);
+/* Pops without waiting, recording `owner` in the slot's census word:
+ * FQ_OK or FQ_EMPTY. */
+int fq_try_pop(fq_ring *r, fq_queue_id q, uint32_t *slot, uint32_t owner);
+
+/* Pops as fq_try_pop, spinning (unless FQ_NO_SPIN) then sleeping for at
+ * most timeout_ns (< 0: one sleep of unbounded length, which callers
+ * avoid). Returns FQ_OK, FQ_TIMEOUT, FQ_EINTR, or FQ_CLOSED / FQ_ALERT when
+ * `abort` asks for them. */
+int fq_pop(fq_ring *r, fq_queue_id q, uint32_t *slot, uint32_t owner,
+           int64_t timeout_ns, unsigned abort);
 
 /* Items in queue q now (a snapshot for statistics). */
 uint32_t fq_depth(const fq_ring *r, fq_queue_id q);
 
-/* Claims the next task number. */
-uint64_t fq_claim_task(fq_ring *r);
+/* Claims the next task number for the slot the caller holds and records
+ * it in the slot's census. */
+uint64_t fq_claim_task(fq_ring *r, uint32_t slot);
+
+/* Whether slot i sits published in queue q (a snapshot, for diagnostics:
+ * a dead worker's slot marked READY was either published or lost inside
+ * its push). */
+int fq_queued(const fq_ring *r, fq_queue_id q, uint32_t i);
+
+/* The next task number a claim would get (a snapshot). */
+uint64_t fq_next_task(const fq_ring *r);
+
+/* The census word and task of slot i (relaxed snapshots). */
+uint32_t fq_slot_owner(const fq_ring *r, uint32_t i);
+uint64_t fq_slot_task(const fq_ring *r, uint32_t i);
 
 /* Raises next_task to at least `task` (never lowers it); returns the value
  * it now has. Used to skip the rest of an abandoned epoch. */
@@ -263,19 +341,21 @@ uint32_t fq_control(const fq_ring *r);
 /* Worker table access: each entry is written only by its worker, with
  * relaxed atomics (diagnostics and counters, never synchronisation). */
 typedef struct fq_worker_stats {
-    int64_t task;
     uint64_t batches;
     uint64_t busy_ns;
     uint64_t wait_ns;
     int32_t pid;
 } fq_worker_stats;
 
-void fq_worker_set_task(fq_ring *r, uint32_t w, int64_t task);
 void fq_worker_set_pid(fq_ring *r, uint32_t w, int32_t pid);
-/* Counts a published batch; the worker holds no task until its next claim. */
+/* Counts a batch about to be published. */
 void fq_worker_done(fq_ring *r, uint32_t w, uint64_t busy_ns,
                     uint64_t wait_ns);
 void fq_worker_read(const fq_ring *r, uint32_t w, fq_worker_stats *out);
+
+/* Tests only: raise `signum` in this process the `countdown`-th time it
+ * reaches `point` (FQ_FAULT_NONE disarms). Process-local. */
+void fq_set_fault(fq_fault_point point, uint32_t countdown, int signum);
 
 /* Pointer to slot i's data (slot_bytes usable). */
 static inline uint8_t *fq_slot_data(const fq_ring *r, uint32_t i) {

@@ -11,8 +11,8 @@ cdef extern from "fq_ring.h" nogil:
         FQ_CLOSED      # the ring was closed while waiting
         FQ_ALERT       # the consumer's death watcher raised the alert
         FQ_EINTR       # a signal interrupted the sleep
+        FQ_EBUSY       # try-push met a stalled popper's cell; nothing pushed
         FQ_EINVAL      # bad argument
-        FQ_EFULL       # a push found its queue full: the protocol is broken
         FQ_EBADMAGIC   # the region does not hold a ring
         FQ_EVERSION    # the region was made by another version
         FQ_ESMALL      # the region is smaller than its geometry
@@ -25,8 +25,28 @@ cdef extern from "fq_ring.h" nogil:
     enum:
         FQ_ABORT_ON_CLOSE
         FQ_ABORT_ON_ALERT
+        FQ_NO_SPIN     # fq_pop: sleep without spinning first
         FQ_MAX_SLOTS
         FQ_MAX_WORKERS
+
+    ctypedef enum fq_owner_kind:
+        FQ_OWNER_FREE      # on the FREE queue
+        FQ_OWNER_WORKER    # taken from FREE by worker `who`
+        FQ_OWNER_READY     # pushed on READY by worker `who`
+        FQ_OWNER_CONSUMER  # taken from READY by the consumer
+
+    uint32_t FQ_OWNER(uint32_t kind, uint32_t who)
+    uint32_t FQ_OWNER_KIND(uint32_t owner)
+    uint32_t FQ_OWNER_WHO(uint32_t owner)
+    uint64_t FQ_NO_TASK
+
+    ctypedef enum fq_fault_point:
+        FQ_FAULT_NONE
+        FQ_FAULT_PUSH_FREE   # consumer: between head CAS and cell release
+        FQ_FAULT_PUSH_READY  # worker: between head CAS and cell release
+        FQ_FAULT_POP_FREE    # worker: between tail CAS and cell release
+        FQ_FAULT_POP_READY   # consumer: between tail CAS and cell release
+        FQ_FAULT_CLAIM       # worker: between task fetch_add and its record
 
     ctypedef enum fq_slot_kind:
         FQ_SLOT_BATCH  # rows of batch data
@@ -43,7 +63,8 @@ cdef extern from "fq_ring.h" nogil:
         uint64_t spin_ns       # fq_init: spin before sleeping in a pop
 
     ctypedef struct fq_slot_header:
-        uint64_t task           # the worker: task number the slot holds
+        uint64_t task           # the worker's claim: task number (atomic)
+        uint32_t owner          # each queue operation: census word (atomic)
         uint64_t rows           # the worker: batch rows written
         uint64_t payload_bytes  # the worker: bytes of an error report
         uint32_t pass_ "pass"   # the worker: pass of a callable source
@@ -66,12 +87,18 @@ cdef extern from "fq_ring.h" nogil:
     uint64_t fq_layout(const fq_geometry *g, fq_ctrl *ctrl_out)
     int fq_init(void *base, uint64_t len, const fq_geometry *g, fq_ring *out)
     int fq_attach(void *base, uint64_t len, fq_ring *out)
-    int fq_push(fq_ring *r, fq_queue_id q, uint32_t slot)
-    int fq_try_pop(fq_ring *r, fq_queue_id q, uint32_t *slot)
-    int fq_pop(fq_ring *r, fq_queue_id q, uint32_t *slot, int64_t timeout_ns,
-               unsigned abort)
+    int fq_try_push(fq_ring *r, fq_queue_id q, uint32_t slot, uint32_t owner)
+    int fq_push(fq_ring *r, fq_queue_id q, uint32_t slot, uint32_t owner,
+                int64_t timeout_ns, unsigned abort)
+    int fq_try_pop(fq_ring *r, fq_queue_id q, uint32_t *slot, uint32_t owner)
+    int fq_pop(fq_ring *r, fq_queue_id q, uint32_t *slot, uint32_t owner,
+               int64_t timeout_ns, unsigned abort)
     uint32_t fq_depth(const fq_ring *r, fq_queue_id q)
-    uint64_t fq_claim_task(fq_ring *r)
+    uint64_t fq_claim_task(fq_ring *r, uint32_t slot)
+    int fq_queued(const fq_ring *r, fq_queue_id q, uint32_t i)
+    uint64_t fq_next_task(const fq_ring *r)
+    uint32_t fq_slot_owner(const fq_ring *r, uint32_t i)
+    uint64_t fq_slot_task(const fq_ring *r, uint32_t i)
     uint64_t fq_skip_tasks_to(fq_ring *r, uint64_t task)
     void fq_close(fq_ring *r)
     int fq_is_closed(const fq_ring *r)
@@ -84,14 +111,13 @@ cdef extern from "fq_ring.h" nogil:
     uint64_t fq_now_ns()
 
     ctypedef struct fq_worker_stats:
-        int64_t task       # the worker: task in hand, -1 when none
         uint64_t batches   # the worker: batches published
         uint64_t busy_ns   # the worker: time producing
         uint64_t wait_ns   # the worker: time waiting for a free slot
         int32_t pid        # the worker: its pid once started
 
-    void fq_worker_set_task(fq_ring *r, uint32_t w, int64_t task)
     void fq_worker_set_pid(fq_ring *r, uint32_t w, int32_t pid)
     void fq_worker_done(fq_ring *r, uint32_t w, uint64_t busy_ns,
                          uint64_t wait_ns)
     void fq_worker_read(const fq_ring *r, uint32_t w, fq_worker_stats *out)
+    void fq_set_fault(fq_fault_point point, uint32_t countdown, int signum)

@@ -122,16 +122,17 @@ def test_tensors_held_across_iterations_never_change() -> None:
 def test_slot_returns_when_the_last_tensor_is_garbage() -> None:
     with TorchPrefetcher(Images(64), batch_size=8, workers=1, slots=3) as pf:
         ring = pf._ring
+        consumer = pf._feed.consumer
         it = iter(pf)
         images, labels, halves = next(it)
-        assert ring.leased == 1
+        assert consumer.held == 1
         view = images[2:].numpy()  # a numpy view of a slice of one tensor
         del images, labels, halves
         gc.collect()
-        assert ring.leased == 1, "the slot went back while a view was alive"
+        assert consumer.held == 1, "the slot went back while a view was alive"
         assert np.array_equal(view[0], image(2))
         del view
-        assert ring.leased == 0
+        assert consumer.held == 0
         for _ in it:  # the rest of the epoch still flows
             pass
 
@@ -140,7 +141,7 @@ def test_copy_true_gives_owned_tensors() -> None:
     with TorchPrefetcher(Images(24), batch_size=8, workers=1, copy=True) as pf:
         bounds = ring_range(pf)
         for images, labels, _ in pf:
-            assert pf._ring.leased == 0
+            assert pf._feed.consumer.held == 0
             assert not in_ring(images, bounds)
             assert np.array_equal(images.numpy(), expected(labels.numpy())[0])
 
@@ -318,23 +319,24 @@ def test_pinned_batch_slots_wait_for_their_gpu_events(
         cuda._host, cuda.stream = None, None
         pf._cuda = cuda  # as pin_memory=True would, less the registration
         ring = pf._ring
+        consumer = pf._feed.consumer
         bounds = ring_range(pf)
         it = iter(pf)
         images, labels, _ = next(it)
         assert in_ring(images, bounds)
         assert np.array_equal(images.numpy(), expected(labels.numpy())[0])
         del images, labels, _
-        assert len(cuda.pending) == 1 and ring.leased == 1, "freed before its event"
+        assert len(cuda.pending) == 1 and consumer.held == 1, "freed before its event"
         for b, (images, labels, _) in enumerate(it, start=1):
             assert labels.tolist() == list(range(8 * b, 8 * b + 8))
             assert np.array_equal(images.numpy(), expected(labels.numpy())[0])
             del images, labels, _
-            assert ring.leased <= ring.nslots
+            assert consumer.held <= ring.nslots
         assert any(e.done for e in FakeEvent.made), "never waited on an event"
         for event in FakeEvent.made:
             event.done = True
         cuda.reap()
-        assert ring.leased == 0 and not cuda.pending
+        assert consumer.held == 0 and not cuda.pending
 
 
 class FakeStream:
@@ -377,6 +379,7 @@ def test_device_batch_slots_wait_for_their_copy_events(
         cuda._host, cuda.stream = None, object()
         pf._cuda, pf.device = cuda, cuda.device  # as device= would, on 'meta'
         ring = pf._ring
+        books = pf._feed.consumer
         batches = 0
         for images, labels, halves in pf:
             assert images.is_meta and labels.is_meta and halves.is_meta
@@ -385,7 +388,7 @@ def test_device_batch_slots_wait_for_their_copy_events(
             assert [t for t, _ in recorded[-3:]] == [images, labels, halves]
             assert all(s is consumer for _, s in recorded[-3:])
             # Only copies not known to be done hold slots; we hold none.
-            assert ring.leased == len(cuda.pending)
+            assert books.held == len(cuda.pending)
             assert not any(e.done for e, _ in cuda.pending)
             batches += 1
         assert batches == 10
@@ -393,4 +396,4 @@ def test_device_batch_slots_wait_for_their_copy_events(
         for event in FakeEvent.made:
             event.done = True
         cuda.reap()
-        assert ring.leased == 0
+        assert books.held == 0

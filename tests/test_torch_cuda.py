@@ -83,7 +83,7 @@ def test_device_slot_is_held_until_its_copy_has_run() -> None:
         first = next(it)
         event, _ = cuda.pending[-1]
         assert not event.query(), "the copy ran before the sleep kernel ended"
-        assert pf._ring.leased == 1, "the slot was freed before its copy ran"
+        assert pf._feed.consumer.held == 1, "the slot was freed before its copy ran"
         batches = [first, *it]  # slots=3: the loop must wait for copies
         torch.cuda.synchronize()
         # Had a slot been reused early, its copy would have read a later batch.

@@ -37,7 +37,7 @@ def announce(pf: fastq.Prefetcher) -> None:
     deadline = time.monotonic() + 15
     ring = pf._ring
     while time.monotonic() < deadline and not all(
-        ring.worker_stats(w)[4] for w in range(pf.workers)
+        ring.worker_stats(w)[3] for w in range(pf.workers)
     ):
         time.sleep(0.01)
     servers = [p for p in children() if p not in pf._pool.pids]  # the fork server

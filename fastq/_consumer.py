@@ -1,0 +1,362 @@
+"""The consumer's loop: epochs and passes over the ring, the wait for the
+next batch with the slot census checked before sleeping, and the errors a
+batch can carry. The compiled Consumer files every slot it pops; this module
+holds the policy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _report
+from ._ring import (
+    ALERT,
+    CLOSED,
+    NO_TASK,
+    OWNER_CONSUMER,
+    OWNER_READY,
+    OWNER_WORKER,
+    READY,
+    SLOT_BATCH,
+    SLOT_END,
+    SLOT_ERROR,
+    Consumer,
+    Ring,
+    SlotLease,
+)
+from .errors import (
+    FetchTimeout,
+    PrefetcherClosed,
+    RingError,
+    SlotsExhausted,
+    SpecError,
+    WorkerDied,
+    WorkerError,
+)
+
+if TYPE_CHECKING:
+    from ._pool import WorkerPool
+    from ._sampler import EpochSampler
+    from ._spec import BatchSpec
+
+_ALL_TASKS = 1 << 63
+
+
+class Feed:
+    """Hands out the ring's batches in the promised order.
+
+    ``host`` is the Prefetcher (a weak proxy: the feed must not keep it
+    alive): its ``_make_batch`` turns a batch's leaf arrays into what the
+    iteration yields, ``_reclaim_slots`` returns slots it holds for pending
+    work (GPU copies) before the consumer sleeps, and ``_fail`` closes it
+    and raises.
+    """
+
+    def __init__(
+        self,
+        ring: Ring,
+        pool: WorkerPool,
+        spec: BatchSpec,
+        sampler: EpochSampler | None,
+        *,
+        ordered: bool,
+        timeout: float | None,
+        copy: bool,
+        spin_s: float,
+        host: Any,
+    ) -> None:
+        self.ring = ring
+        self.consumer = Consumer(ring)
+        self.pool = pool
+        self.spec = spec
+        self.sampler = sampler
+        self.ordered = ordered
+        self.timeout = timeout
+        self.copy = copy
+        self.spin_s = spin_s
+        self.host = host
+        self.live = 0  # which `for` loop is current
+        self.epoch = -1  # map: epoch being (or last) iterated
+        self.epoch_done = True
+        self.pass_started = False  # callable: pass 0 not yet handed out
+        # Stats, updated at each hand-out.
+        self.n_batches = 0
+        self.n_bytes = 0
+        self.wait_ns = 0
+        self.occupancy = 0
+        self.t_first = 0.0
+
+    # ------------------------------------------------------------ passes
+
+    def begin_epoch(self) -> Iterator[Any]:
+        assert self.sampler is not None
+        self.live += 1
+        c = self.consumer
+        b = self.sampler.batches_per_epoch
+        self.epoch += 1
+        start = self.epoch * b
+        if not self.epoch_done:
+            # The last loop stopped early: workers jump past what is left of
+            # it; what is still in flight is dropped when it arrives.
+            self.ring.skip_tasks_to(start)
+        c.pending = -1  # a batch of the abandoned epoch never handed out
+        c.next_task = start
+        c.drop_below(start)
+        self.epoch_done = False
+        return _EpochIterator(self, self.live, start, start + b, c.handed, b)
+
+    def begin_pass(self) -> Iterator[Any]:
+        self.live += 1
+        c = self.consumer
+        if self.pass_started:
+            # Items of an abandoned pass still in flight are dropped as they
+            # arrive: in ordered mode each one advances the sequence, so
+            # none may vanish before its turn.
+            c.pass_ += 1
+            self.ring.set_pass(c.pass_)
+        self.pass_started = True
+        return _PassIterator(self, self.live, c.ends)
+
+    # ------------------------------------------------------------ taking
+
+    def next_lease(self, lo: int, hi: int) -> SlotLease:
+        """A lease over the next pending batch among tasks [lo, hi), after
+        waiting for it if need be."""
+        c = self.consumer
+        ordered = self.ordered
+        pool = self.pool
+        spun = False
+        deadline = 0.0
+        t0 = 0
+        # A death is reported at the next fetch even when the batches this
+        # one needs are already here (nothing may silently go on).
+        if pool.failure is not None:
+            self.host._fail(self.worker_died(pool.failure))
+        while not c.take(lo, hi, ordered):
+            if pool.failure is not None:
+                self.host._fail(self.worker_died(pool.failure))
+            if not spun:
+                # Spin first (no system call): the batch is usually close.
+                spun = True
+                if c.wait(lo, hi, ordered, self.spin_s, True) == 0:
+                    continue
+            if t0 == 0:
+                t0 = time.perf_counter_ns()
+                if self.timeout is not None:
+                    deadline = time.monotonic() + self.timeout
+            self.host._reclaim_slots()
+            if c.take(lo, hi, ordered):
+                break
+            self.check_census()
+            left = -1.0 if self.timeout is None else deadline - time.monotonic()
+            rc = c.wait(lo, hi, ordered, max(left, 0.0) if left >= 0 else -1.0, False)
+            if rc == 0:
+                continue
+            if rc == ALERT:
+                failure = pool.failure
+                if failure is not None:
+                    self.host._fail(self.worker_died(failure))
+            elif rc == CLOSED:
+                raise PrefetcherClosed(
+                    "the Prefetcher was closed while waiting for a batch"
+                )
+            elif self.timeout is not None and time.monotonic() >= deadline:
+                self.host._fail(self.timeout_error())
+        if t0 and self.n_batches:  # the first batch's wait is start-up
+            self.wait_ns += time.perf_counter_ns() - t0
+        return c.lease()
+
+    def hand_out(self, lease: SlotLease) -> Any:
+        """The batch in a pending lease, as the iteration yields it. The
+        caller marks it handed out (``consumer.pending = -1``) last."""
+        if lease.kind == SLOT_ERROR:
+            self.host._fail(self.worker_error(lease))
+        if lease.kind != SLOT_BATCH:
+            raise RingError(f"slot {lease.slot} of kind {lease.kind} handed out")
+        if self.n_batches == 0:
+            self.t_first = time.perf_counter()
+        rows = lease.rows
+        arrays = self.spec.views(lease, rows)
+        if self.copy:
+            arrays = [a.copy() for a in arrays]
+            lease.release()
+        batch = self.host._make_batch(arrays)
+        self.n_batches += 1
+        self.n_bytes += rows * self.spec.row_bytes
+        self.occupancy += self.ring.depth(READY) + self.consumer.in_window
+        return batch
+
+    # ------------------------------------------------------------ census
+
+    def check_census(self) -> None:
+        """Before sleeping: every slot must be somewhere a batch can come
+        from. Raises SlotsExhausted when the consumer holds them all, and
+        RingError (closing first) when the census and this process's books
+        disagree."""
+        c = self.consumer
+        mine, odd = c.audit()
+        if odd >= 0:
+            self.host._fail(self.lost_slot_error(odd))
+        n = self.ring.nslots
+        if mine < n or c.ndeferred:
+            # A slot is with a worker or in a queue, or a release waits for
+            # a popper that is only paused: waiting can end.
+            return
+        raise SlotsExhausted(
+            f"all {n} slots are held ({c.held} by batches you still "
+            f"reference, {c.in_window} waiting their turn), so no worker can "
+            "produce the next batch. Drop references to earlier batches (or "
+            "copy what you keep: np.array(x)), pass copy=True, or raise slots="
+        )
+
+    def lost_slot_error(self, slot: int) -> RingError:
+        kind, who, task = self.ring.census()[slot]
+        local = self.consumer.local_states()[slot]
+        last = {
+            OWNER_CONSUMER: "the consumer",
+            OWNER_WORKER: f"worker {who}",
+            OWNER_READY: f"worker {who} (published)",
+        }.get(kind, "the FREE queue")
+        batch = "" if task == NO_TASK else f", batch {task}"
+        return RingError(
+            f"slot {slot} is unaccounted for: the shared census says it was "
+            f"last held by {last}{batch}, this process's state for it is "
+            f"{local}; the ring cannot be trusted, so the Prefetcher was closed"
+        )
+
+    # ------------------------------------------------------------ errors
+
+    def worker_error(self, lease: SlotLease) -> Exception:
+        task, worker, sample = lease.task, lease.worker, lease.sample
+        report = _report.decode(memoryview(lease)[: lease.payload_bytes])
+        where = f"batch {task}"
+        sample_index = None
+        if self.sampler is not None:
+            indices = self.sampler.batch_indices(task)
+            if sample < len(indices):
+                sample_index = int(indices[sample])
+                where += f", sample {sample_index}"
+        pid = self.pool.pids[worker]
+        if report.is_spec_error:
+            return SpecError(f"{report.message} (worker {worker}, {where})")
+        exc = WorkerError(
+            f"worker {worker} (pid {pid}) raised {report.type_name} while producing "
+            f"{where}: {report.message}\n\nRemote traceback:\n{report.traceback}",
+            worker=worker,
+            task=task,
+            sample=sample_index,
+            remote_traceback=report.traceback,
+        )
+        exc.__cause__ = report.revive()
+        return exc
+
+    def worker_died(self, failure: WorkerDied) -> WorkerDied:
+        """Names the batch a worker that died mid-claim took with it: its
+        claim was made, its record not, so it is the task the loop waits
+        for that no slot records."""
+        if failure.task is not None or not failure.claiming or not self.ordered:
+            return failure
+        c = self.consumer
+        recorded = {t for _, _, t in self.ring.census() if t != NO_TASK}
+        for task in range(c.next_task, self.ring.next_task):
+            if task not in recorded:
+                failure.task = task
+                failure.args = (
+                    f"{failure.args[0]}; batch {task}, which it had just "
+                    "claimed, is lost with it",
+                )
+                break
+        return failure
+
+    def timeout_error(self) -> FetchTimeout:
+        holders = self.pool.holders()
+        wanted = self.consumer.next_task if self.ordered else None
+        stuck = next((w for w, t in holders if t == wanted), None)
+        if stuck is None and holders:
+            stuck = min(holders, key=lambda h: h[1])[0]
+        detail = ""
+        if stuck is not None:
+            pid = self.pool.pids[stuck]
+            task = dict(holders)[stuck]
+            stack = self.pool.stack_of(stuck).strip()
+            detail = f": worker {stuck} (pid {pid}) is still on batch {task}"
+            if stack:
+                detail += f". Its Python stack:\n{stack}\n"
+        elif self.consumer.ndeferred:
+            detail = (
+                f": {self.consumer.ndeferred} freed slot(s) wait for a worker "
+                "stopped inside a queue operation (a debugger, SIGSTOP or CPU "
+                "throttling)"
+            )
+        return FetchTimeout(
+            f"no batch within timeout={self.timeout} s{detail}\nRaise timeout= "
+            "if batches are legitimately slow.",
+            worker=stuck,
+            task=wanted if wanted is not None else -1,
+        )
+
+
+class _EpochIterator:
+    """One epoch of a map-style source. A class, not a generator: an
+    exception inside ``__next__`` (Ctrl+C included) leaves it usable, and
+    the batch it was handing out comes next."""
+
+    __slots__ = ("_count", "_feed", "_handed0", "_hi", "_lo", "_token")
+
+    def __init__(
+        self, feed: Feed, token: int, lo: int, hi: int, handed0: int, count: int
+    ) -> None:
+        self._feed = feed
+        self._token = token
+        self._lo = lo
+        self._hi = hi
+        self._handed0 = handed0
+        self._count = count
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        feed = self._feed
+        if self._token != feed.live:
+            raise StopIteration
+        c = feed.consumer
+        if c.handed - self._handed0 >= self._count:
+            feed.epoch_done = True
+            raise StopIteration
+        batch = feed.hand_out(feed.next_lease(self._lo, self._hi))
+        c.pending = -1  # handed out: an attribute store, then straight out
+        return batch
+
+
+class _PassIterator:
+    """One pass over a callable source: until every worker's iterator has
+    ended. Usable after an exception, like _EpochIterator."""
+
+    __slots__ = ("_ends0", "_feed", "_token")
+
+    def __init__(self, feed: Feed, token: int, ends0: int) -> None:
+        self._feed = feed
+        self._token = token
+        self._ends0 = ends0
+
+    def __iter__(self) -> _PassIterator:
+        return self
+
+    def __next__(self) -> Any:
+        feed = self._feed
+        c = feed.consumer
+        workers = feed.pool.size
+        while self._token == feed.live and c.ends - self._ends0 < workers:
+            lease = feed.next_lease(0, _ALL_TASKS)
+            if lease.pass_ < c.pass_ or lease.kind == SLOT_END:
+                del lease
+                c.pending = -1  # dropped; an end marker is counted there
+                continue
+            batch = feed.hand_out(lease)
+            c.pending = -1
+            return batch
+        raise StopIteration
