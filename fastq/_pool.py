@@ -12,13 +12,16 @@ import threading
 import time
 import types
 from collections.abc import Iterator
+from multiprocessing import reduction
 from multiprocessing.connection import wait
 from typing import Any
 
+from . import _report
 from ._ring import NO_TASK, OWNER_READY, OWNER_WORKER, READY, Ring
-from ._shm import SharedFd, anonymous_file
+from ._shm import Region, SharedFd, anonymous_file
+from ._spec import BatchSpec
 from ._worker import WorkerConfig, worker_main
-from .errors import ConfigError, WorkerDied
+from .errors import ConfigError, FetchTimeout, WorkerDied, WorkerError
 
 START_METHODS = ("fork", "spawn", "forkserver")
 # How long close() lets workers leave on their own before SIGKILL: long
@@ -127,7 +130,9 @@ def _unimportable_main_names(obj: Any) -> list[str]:
     file behind it: a spawned or forkserver worker re-imports __main__ from
     its file, so these would fail there with an AttributeError."""
     main = sys.modules.get("__main__")
-    if main is None or getattr(main, "__file__", None):
+    path = getattr(main, "__file__", None)
+    # `python -` names its __main__ "<stdin>": a file that does not exist.
+    if main is None or (path and os.path.exists(path)):
         return []
     found: list[str] = []
 
@@ -148,16 +153,26 @@ def _unimportable_main_names(obj: Any) -> list[str]:
 
 
 class WorkerPool:
-    """Starts the workers and watches them; a death alerts the consumer."""
+    """Starts the workers and watches them; a death alerts the consumer.
 
-    def __init__(self, ctx: Any, configs: list[WorkerConfig], ring: Ring) -> None:
+    With a ring, workers attach to it at once. Without one (a callable
+    source whose spec is not given), worker 0 makes its first batch and
+    sends its spec (``receive_spec``); the consumer then makes the ring and
+    sends every worker its descriptor (``send_region``).
+    """
+
+    def __init__(
+        self, ctx: Any, configs: list[WorkerConfig], ring: Ring | None
+    ) -> None:
         self._ring = ring
         self._pid = os.getpid()
         self.failure: WorkerDied | None = None
         self._closing = False
         self.processes: list[Any] = []
+        self._channels: list[Any] = []
         self._stop_r, self._stop_w = os.pipe()
         self._stack_fds: list[int] = []
+        self._watcher: threading.Thread | None = None
         try:
             # Every worker gets the same source and worker_init: check once.
             _check_main_importable(ctx.get_start_method(), configs[0])
@@ -165,21 +180,101 @@ class WorkerPool:
                 fd = anonymous_file("fastq-stack")
                 self._stack_fds.append(fd)
                 cfg.stack_file = SharedFd(fd)
+                child_end = None
+                if ring is None:
+                    mine, child_end = ctx.Pipe(duplex=True)
+                    self._channels.append(mine)
+                    cfg.channel = child_end
                 p = ctx.Process(
                     target=worker_main,
                     args=(cfg,),
                     name=f"fastq-worker-{cfg.worker_id}",
                     daemon=True,
                 )
-                self._start(p, ctx)
+                try:
+                    self._start(p, ctx)
+                finally:
+                    if child_end is not None:
+                        child_end.close()
+                        cfg.channel = None
                 self.processes.append(p)
+            if ring is not None:
+                self._watch_ring(ring)
         except BaseException:
             self.close()
             raise
+
+    def _watch_ring(self, ring: Ring) -> None:
+        self._ring = ring
         self._watcher = threading.Thread(
             target=self._watch, name="fastq-death-watcher", daemon=True
         )
         self._watcher.start()
+
+    # ------------------------------------------------ spec from a worker
+
+    def receive_spec(self, timeout: float | None) -> BatchSpec:
+        """Worker 0's spec, inferred from its first batch (which it keeps
+        and delivers once the ring exists). Raises what went wrong there:
+        the source's own exception as a WorkerError, an empty source, a
+        death, or a timeout."""
+        conn = self._channels[0]
+        sentinels = {p.sentinel: w for w, p in enumerate(self.processes)}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise FetchTimeout(
+                    f"worker 0 made no first batch within timeout={timeout} s, so "
+                    "the batch spec could not be inferred; raise timeout= or pass "
+                    "spec={name: (batch_shape, dtype)}",
+                    worker=0,
+                )
+            ready = wait([conn, *sentinels], None if left is None else min(left, 1.0))
+            if conn in ready:
+                try:
+                    message = conn.recv()
+                except EOFError:
+                    message = None
+                if message is not None:
+                    break
+            for s in ready:
+                if s in sentinels:
+                    self._record_death(sentinels[s])
+                    assert self.failure is not None
+                    raise self.failure
+        kind, payload = message
+        if kind == "spec":
+            spec: BatchSpec = payload
+            return spec
+        if kind == "empty":
+            raise ConfigError(
+                "source() yielded no batch in worker 0, so its spec cannot be "
+                "inferred; pass spec={name: (batch_shape, dtype)}"
+            )
+        report = _report.decode(payload)
+        if report.is_spec_error:
+            raise ConfigError(f"worker 0's first batch: {report.message}")
+        exc = WorkerError(
+            f"worker 0 (pid {self.processes[0].pid}) raised {report.type_name} "
+            f"while making its first batch: {report.message}\n\nRemote "
+            f"traceback:\n{report.traceback}",
+            worker=0,
+            remote_traceback=report.traceback,
+        )
+        exc.__cause__ = report.revive()
+        raise exc
+
+    def send_region(self, region: Region, size: int, spec: BatchSpec, ring: Ring) -> None:
+        """Hands every worker the ring (its descriptor over the worker's
+        socket, as multiprocessing passes descriptors) and starts watching."""
+        for conn, p in zip(self._channels, self.processes):
+            try:
+                conn.send(("region", (size, spec)))
+                reduction.send_handle(conn, region.fd, p.pid)
+            except OSError:
+                pass  # it died meanwhile: the watcher reports it
+        self._watch_ring(ring)
 
     @staticmethod
     def _start(p: Any, ctx: Any) -> None:
@@ -242,6 +337,7 @@ class WorkerPool:
             if s in sentinels:
                 self._record_death(sentinels[s])
                 break
+        assert self._ring is not None
         self._ring.alert()
 
     def _record_death(self, wid: int) -> None:
@@ -262,6 +358,8 @@ class WorkerPool:
         """From the slot census: (words for the message, the batch it took
         with it or None, whether it died between a claim and its record)."""
         ring = self._ring
+        if ring is None:
+            return " before the ring existed", None, False
         for slot, (kind, who, task) in enumerate(ring.census()):
             if who != wid:
                 continue
@@ -287,7 +385,11 @@ class WorkerPool:
         if os.getpid() != self._pid or self._closing:
             return
         self._closing = True
-        self._ring.close()
+        if self._ring is not None:
+            self._ring.close()
+        for conn in self._channels:
+            conn.close()  # a worker waiting for the ring reads EOF and leaves
+        self._channels = []
         os.write(self._stop_w, b"x")
         alive = [p for p in self.processes if p.pid is not None]
         deadline = time.monotonic() + GRACE_SECONDS
@@ -300,7 +402,7 @@ class WorkerPool:
                 p.kill()
         for p in alive:
             p.join(2.0)
-        watcher = getattr(self, "_watcher", None)
+        watcher = self._watcher
         if watcher is not None:
             watcher.join(1.0)
         for fd in [self._stop_r, self._stop_w, *self._stack_fds]:

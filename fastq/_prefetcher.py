@@ -200,6 +200,7 @@ class Prefetcher:
         ctx = get_context(start_method)
 
         self._sampler: EpochSampler | None = None
+        self._spec: BatchSpec | None
         if self._is_map:
             self._spec = self._map_spec(source, batch_size, spec)
             self._sampler = EpochSampler(
@@ -223,7 +224,7 @@ class Prefetcher:
                     f"batch_size={batch_size!r}: a callable source yields whole "
                     "batches, so batch_size does not apply; leave it None"
                 )
-            self._spec = self._callable_spec(source, spec)
+            self._spec = self._callable_spec(spec)
 
         self.ordered = bool(ordered)
         self.copy = bool(copy)
@@ -234,42 +235,43 @@ class Prefetcher:
         self.rank = rank
         self.world_size = world_size
 
-        slot_bytes = max(self._spec.slot_bytes, _MIN_SLOT_BYTES)
-        # One slot more than asked for: the batch a `for` loop's body still
-        # holds while the next one is fetched must not starve the workers.
-        ring_slots = slots + 1
-        size = region_size(ring_slots, workers, slot_bytes, PAGE_SIZE)
-        self._region = Region.create(size)
-        try:
-            self._ring = Ring.create(
-                self._region.mapping,
-                ring_slots,
-                workers,
-                slot_bytes,
-                PAGE_SIZE,
-                _SPIN_NS,
+        def config(w: int, region: Any, size: int) -> WorkerConfig:
+            return WorkerConfig(
+                worker_id=w,
+                num_workers=workers,
+                source=source,
+                is_map=self._is_map,
+                spec=self._spec,
+                sampler=self._sampler,
+                seed=seed,
+                rank=rank,
+                world_size=world_size,
+                worker_init=worker_init,
+                region=region,
+                region_size=size,
+                consumer_pid=self._pid,
+                threads=worker_threads,
+                death_signal=_in_main_thread(),
             )
-            configs = [
-                WorkerConfig(
-                    worker_id=w,
-                    num_workers=workers,
-                    source=source,
-                    is_map=self._is_map,
-                    spec=self._spec,
-                    sampler=self._sampler,
-                    seed=seed,
-                    rank=rank,
-                    world_size=world_size,
-                    worker_init=worker_init,
-                    region=self._region.share(),
-                    region_size=size,
-                    consumer_pid=self._pid,
-                    threads=worker_threads,
-                    death_signal=_in_main_thread(),
+
+        try:
+            if self._spec is None:
+                # A callable source without spec=: worker 0 infers it from
+                # its first batch; the ring is made once it is known.
+                self._pool = WorkerPool(
+                    ctx, [config(w, None, 0) for w in range(workers)], None
                 )
-                for w in range(workers)
-            ]
-            self._pool = WorkerPool(ctx, configs, self._ring)
+                self._spec = self._pool.receive_spec(self.timeout)
+                size = self._make_ring(slots, workers)
+                assert self._region is not None
+                self._pool.send_region(self._region, size, self._spec, self._ring)
+            else:
+                size = self._make_ring(slots, workers)
+                assert self._region is not None
+                share = self._region.share()
+                self._pool = WorkerPool(
+                    ctx, [config(w, share, size) for w in range(workers)], self._ring
+                )
             self._feed = Feed(
                 self._ring,
                 self._pool,
@@ -285,6 +287,19 @@ class Prefetcher:
             self._teardown()
             raise
         self._closed = False
+
+    def _make_ring(self, slots: int, workers: int) -> int:
+        assert self._spec is not None
+        slot_bytes = max(self._spec.slot_bytes, _MIN_SLOT_BYTES)
+        # One slot more than asked for: the batch a `for` loop's body still
+        # holds while the next one is fetched must not starve the workers.
+        ring_slots = slots + 1
+        size = region_size(ring_slots, workers, slot_bytes, PAGE_SIZE)
+        self._region = Region.create(size)
+        self._ring = Ring.create(
+            self._region.mapping, ring_slots, workers, slot_bytes, PAGE_SIZE, _SPIN_NS
+        )
+        return size
 
     # ------------------------------------------------------------ spec
 
@@ -305,23 +320,9 @@ class Prefetcher:
         return BatchSpec.from_sample(source[0], rows)
 
     @staticmethod
-    def _callable_spec(source: Callable[[], Any], spec: Any) -> BatchSpec:
-        if spec is not None:
-            return BatchSpec.from_user(spec, None)
-        # Probe: one batch in this process, as workers would make it.
-        it = iter(source())
-        try:
-            first = next(it)
-        except StopIteration:
-            raise ConfigError(
-                "source() yielded no batch, so its spec cannot be inferred; pass "
-                "spec={name: (batch_shape, dtype)}"
-            ) from None
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
-        return BatchSpec.from_batch(first)
+    def _callable_spec(spec: Any) -> BatchSpec | None:
+        # Without spec=, None: worker 0 infers it; source() never runs here.
+        return None if spec is None else BatchSpec.from_user(spec, None)
 
     # ------------------------------------------------------- iteration
 

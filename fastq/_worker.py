@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from multiprocessing import reduction
+
 from . import _report
 from ._ring import SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
 from ._rows import RowWriter, copy_rows
@@ -29,6 +31,7 @@ from .errors import SpecError
 _PR_SET_PDEATHSIG = 1
 # Header value for "the failure was not at one sample" (a whole-batch call).
 _UNKNOWN_SAMPLE = 0xFFFFFFFF
+_NOTHING = object()
 
 
 @dataclass
@@ -39,18 +42,19 @@ class WorkerConfig:
     num_workers: int
     source: Any
     is_map: bool
-    spec: BatchSpec
+    spec: BatchSpec | None  # None: worker 0 infers it, the consumer sends it
     sampler: EpochSampler | None
     seed: int
     rank: int
     world_size: int
     worker_init: Callable[[int], Any] | None
-    region: SharedFd
+    region: SharedFd | None  # None: sent over `channel` once the spec is known
     region_size: int
     consumer_pid: int
     threads: int | None
     death_signal: bool  # the consumer's main thread started us: PDEATHSIG is exact
     stack_file: SharedFd | None = None  # where SIGUSR1 dumps the Python stack
+    channel: Any = None  # without a region: a Connection to the consumer
 
 
 def worker_main(cfg: WorkerConfig) -> None:
@@ -59,8 +63,6 @@ def worker_main(cfg: WorkerConfig) -> None:
     _die_with_consumer(cfg.consumer_pid, cfg.death_signal)
     if cfg.threads is not None:
         limit_threads(cfg.threads)
-    ring = Ring.attach(Region.attach(cfg.region, cfg.region_size).mapping)
-    ring.set_worker_pid(cfg.worker_id, os.getpid())
     info = WorkerInfo(
         cfg.worker_id,
         cfg.num_workers,
@@ -71,17 +73,69 @@ def worker_main(cfg: WorkerConfig) -> None:
     )
     _set_worker_info(info)
     _seed_globals(mix_seed(cfg.seed, 1 << 33, cfg.worker_id))
-    producer = _Producer(ring, cfg, info)
+    init_error: Exception | None = None
     try:
         if cfg.worker_init is not None:
             cfg.worker_init(cfg.worker_id)
     except Exception as exc:
-        producer.report_and_stop(exc)
+        init_error = exc
+    first: tuple[Iterator[Any], Any] | None = None
+    if cfg.region is None:
+        if cfg.worker_id == 0:
+            # The consumer waits for this worker's spec before anything else.
+            if init_error is not None:
+                cfg.channel.send(("error", _report.encode(init_error, 1 << 20)))
+                return
+            first = _first_batch(cfg)
+            if first is None:
+                return
+        if not _receive_region(cfg):
+            return
+    assert cfg.region is not None
+    ring = Ring.attach(Region.attach(cfg.region, cfg.region_size).mapping)
+    ring.set_worker_pid(cfg.worker_id, os.getpid())
+    producer = _Producer(ring, cfg, info)
+    if init_error is not None:
+        producer.report_and_stop(init_error)
         return
     if cfg.is_map:
         producer.run_map()
     else:
-        producer.run_callable()
+        producer.run_callable(first)
+
+
+def _first_batch(cfg: WorkerConfig) -> tuple[Iterator[Any], Any] | None:
+    """Worker 0 of a callable source without a spec: makes its first batch
+    here, in the worker (never in the consumer), and sends the consumer the
+    spec inferred from it. The batch is kept and delivered first."""
+    conn = cfg.channel
+    try:
+        it = iter(cfg.source())
+        batch = next(it)
+        spec = BatchSpec.from_batch(batch)
+    except StopIteration:
+        conn.send(("empty", None))
+        return None
+    except Exception as exc:
+        conn.send(("error", _report.encode(exc, 1 << 20)))
+        return None
+    conn.send(("spec", spec))
+    return it, batch
+
+
+def _receive_region(cfg: WorkerConfig) -> bool:
+    """Waits for the ring the consumer makes once the spec is known; False
+    if it closed instead."""
+    conn = cfg.channel
+    try:
+        kind, (size, spec) = conn.recv()
+        fd = reduction.recv_handle(conn)
+    except (EOFError, OSError):
+        return False
+    finally:
+        conn.close()
+    cfg.region, cfg.region_size, cfg.spec = SharedFd(fd), size, spec
+    return kind == "region"
 
 
 def _isolate_from_terminal(stack_file: SharedFd | None) -> None:
@@ -166,6 +220,7 @@ class _Producer:
     """The worker's loop: slot, task, produce, publish."""
 
     def __init__(self, ring: Ring, cfg: WorkerConfig, info: WorkerInfo) -> None:
+        assert cfg.spec is not None
         self.ring = ring
         self.cfg = cfg
         self.info = info
@@ -174,12 +229,13 @@ class _Producer:
         # Full-capacity arrays over every slot, built once: writes go
         # straight into shared memory with no per-batch setup.
         self.views = [
-            cfg.spec.views(ring.slot_view(s), cfg.spec.rows) for s in range(ring.nslots)
+            self.spec.views(ring.slot_view(s), self.spec.rows)
+            for s in range(ring.nslots)
         ]
         # What fill_batch gets for a full batch, built once per slot too.
-        self.fill_outs = [cfg.spec.unflatten(v) for v in self.views]
+        self.fill_outs = [self.spec.unflatten(v) for v in self.views]
         # Copies samples into rows; its `row` names the sample being made.
-        self.rows = RowWriter(cfg.spec)
+        self.rows = RowWriter(self.spec)
 
     # ---------------------------------------------------------------- slots
 
@@ -265,10 +321,14 @@ class _Producer:
 
     # ------------------------------------------------------------- callable
 
-    def run_callable(self) -> None:
+    def run_callable(self, first: tuple[Iterator[Any], Any] | None) -> None:
+        """`first`: the iterator and first batch that inferred the spec."""
         ring = self.ring
         pass_ = ring.pass_
         it: Iterator[Any] | None = None
+        held = _NOTHING
+        if first is not None:
+            it, held = first
         while True:
             slot, task, wait_ns = self._take_slot()
             if slot < 0:
@@ -281,7 +341,10 @@ class _Producer:
             try:
                 if it is None:
                     it = iter(self.cfg.source())
-                batch = next(it)
+                if held is not _NOTHING:
+                    batch, held = held, _NOTHING
+                else:
+                    batch = next(it)
                 rows = self._write_batch(batch, self.views[slot])
             except StopIteration:
                 if not ring.publish(slot, SLOT_END, 0, pass_, self.wid):

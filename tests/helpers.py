@@ -214,3 +214,42 @@ class ChecksumDataset:
 def checksum_ok(batch: tuple[Any, ...]) -> bool:
     block, index = batch
     return bool((block == (index % 251).astype(np.uint8)[:, None, None]).all())
+
+
+class ShardedFiles:
+    """Callable source that shards itself the natural way, with no None
+    check: it works only where get_worker_info() answers. Each batch also
+    carries the pid that made it."""
+
+    def __init__(self, files: int, rows: int = 3) -> None:
+        self.files = files
+        self.rows = rows
+
+    def __call__(self) -> Iterator[tuple[Any, ...]]:
+        info = fastq.get_worker_info()
+        for f in range(self.files)[info.id :: info.num_workers]:  # type: ignore[union-attr]
+            yield (
+                np.full(self.rows, f, dtype=np.int64),
+                np.full(self.rows, os.getpid(), dtype=np.int64),
+            )
+
+
+class FailsAtOnce:
+    """Callable source whose iterator raises before its first batch."""
+
+    def __call__(self) -> Iterator[Any]:
+        raise KeyError("no such shard")
+        yield  # a generator function
+
+
+class NoBatches:
+    def __call__(self) -> Iterator[Any]:
+        return iter(())
+
+
+class DiesAtOnce:
+    """Callable source whose worker is killed before its first batch."""
+
+    def __call__(self) -> Iterator[Any]:
+        os.kill(os.getpid(), 9)
+        yield

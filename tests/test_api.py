@@ -99,7 +99,8 @@ def test_defaults() -> None:
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_source_defined_in_python_c_is_refused_at_once(method: str) -> None:
+@pytest.mark.parametrize("via", ["-c", "stdin"])
+def test_source_defined_in_python_c_is_refused_at_once(method: str, via: str) -> None:
     # Workers re-import __main__ from its file; `python -c` has none, so a
     # class defined there cannot reach them. Fork inherits it and works.
     script = textwrap.dedent(
@@ -121,7 +122,11 @@ def test_source_defined_in_python_c_is_refused_at_once(method: str) -> None:
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", script] if via == "-c" else [sys.executable, "-"],
+        input=None if via == "-c" else script,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     assert "refused: the source or worker_init uses Rows, defined in the __main__" in (

@@ -4,10 +4,17 @@ every worker's iterator ends; endless ones run until close()."""
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 import pytest
-from helpers import CountingBatches
+from helpers import (
+    CountingBatches,
+    DiesAtOnce,
+    FailsAtOnce,
+    NoBatches,
+    ShardedFiles,
+)
 
 import fastq
 
@@ -91,3 +98,24 @@ def test_len_is_undefined_for_callables() -> None:
     with fastq.Prefetcher(CountingBatches(1), workers=1, start_method="fork") as pf:
         with pytest.raises(TypeError):
             len(pf)
+
+
+def test_a_callable_source_never_runs_in_the_consumer(start_method: str) -> None:
+    """Without spec=, the spec comes from worker 0's first batch, which is
+    delivered; source() never runs in this process, so a generator that
+    shards itself with get_worker_info() (never None there) just works."""
+    with fastq.Prefetcher(ShardedFiles(10), workers=3, start_method=start_method) as pf:
+        for _ in range(2):
+            files, pids = zip(*((int(f[0]), int(p[0])) for f, p in pf))
+            assert sorted(files) == list(range(10)), "a batch was lost or repeated"
+            assert os.getpid() not in pids
+
+
+def test_a_failure_before_the_first_batch_is_raised_at_construction() -> None:
+    with pytest.raises(fastq.WorkerError, match="no such shard") as info:
+        fastq.Prefetcher(FailsAtOnce(), workers=2, start_method="forkserver")
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(fastq.ConfigError, match="yielded no batch in worker 0"):
+        fastq.Prefetcher(NoBatches(), workers=2, start_method="forkserver")
+    with pytest.raises(fastq.WorkerDied, match="worker 0 .* SIGKILL"):
+        fastq.Prefetcher(DiesAtOnce(), workers=2, start_method="fork")

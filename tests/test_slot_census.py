@@ -1,0 +1,253 @@
+"""Every slot is accounted for: interrupts at random points, a forked child
+holding batches, a worker stopped or killed inside a queue operation, leases
+in reference cycles, and the ring's size arithmetic. Each test injects the
+fault for real."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import PatternDataset, expected_batch
+
+import fastq
+from fastq._ring import LOCAL_NONE, inject_fault, region_size
+
+pytestmark = pytest.mark.timeout(120)
+
+HERE = Path(__file__).resolve().parent
+
+
+def whole_epoch(pf: fastq.Prefetcher, n: int, rows: int) -> None:
+    k = 0
+    for k, batch in enumerate(pf):
+        for got, want in zip(batch, expected_batch(range(k * rows, (k + 1) * rows))):
+            np.testing.assert_array_equal(got, want)
+    assert k == n // rows - 1
+
+
+def assert_books_balance(pf: fastq.Prefetcher) -> None:
+    consumer = pf._feed.consumer
+    _, odd = consumer.audit()
+    assert odd == -1, f"slot {odd}: the census and the consumer's books disagree"
+    assert consumer.held == 0 and consumer.ndeferred == 0
+
+
+# -------------------------------------------------------------- interrupts
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_hundreds_of_sigints_lose_no_slot_and_no_batch(start_method: str, seed: int) -> None:
+    """A notebook's interrupt button pressed 300 times at random points of a
+    tight loop, each KeyboardInterrupt caught: an interrupted iterator goes
+    on with the batch it was handing out, an abandoned loop is simply left,
+    and afterwards full epochs are exact and every slot is back."""
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "sigint_storm.py"), start_method, "300", str(seed)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["caught"] >= 200, seen  # real interrupts landed
+    assert seen["resumed_epochs"] >= 1, seen
+    assert seen["census"]["held"] == 0 and seen["census"]["odd"] == -1
+
+
+# -------------------------------------------------------------------- fork
+
+
+def test_a_forked_child_cannot_free_or_take_the_parents_slots() -> None:
+    with fastq.Prefetcher(
+        PatternDataset(200), batch_size=4, workers=2, slots=4, start_method="forkserver"
+    ) as pf:
+        it = iter(pf)
+        held = [next(it) for _ in range(3)]
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: drops what it inherited, tries to use it
+            code = 0
+            try:
+                del held
+                gc.collect()
+                try:
+                    iter(pf)
+                    code = 3
+                except fastq.PrefetcherClosed:
+                    pass
+                pf.close()  # inert here
+            except BaseException:
+                code = 4
+            os.write(w, bytes([code]))
+            os._exit(code)
+        os.close(w)
+        os.waitpid(pid, 0)
+        assert os.read(r, 1) == b"\x00", "the child could iterate the parent's ring"
+        os.close(r)
+        assert not pf.closed
+        consumer = pf._feed.consumer
+        assert consumer.held == 3, "the child's garbage freed the parent's slots"
+        _, odd = consumer.audit()
+        assert odd == -1
+        # Nothing overwrote what the parent holds, while the ring went round.
+        rest = [tuple(np.copy(a) for a in b) for b in it]
+        for k, batch in enumerate(held):
+            for got, want in zip(batch, expected_batch(range(4 * k, 4 * k + 4))):
+                np.testing.assert_array_equal(got, want)
+        assert len(rest) == 50 - 3
+        del held, batch, got
+        assert_books_balance(pf)
+        whole_epoch(pf, 200, 4)
+
+
+# --------------------------------------------- inside a queue operation
+
+
+class _StopInside:
+    """worker_init: worker 1 stops itself (SIGSTOP) inside its n-th FREE
+    pop, between the tail CAS and the cell release."""
+
+    def __init__(self, point: str, countdown: int, signum: int) -> None:
+        self.point, self.countdown, self.signum = point, countdown, signum
+
+    def __call__(self, worker_id: int) -> None:
+        if worker_id == 1:
+            inject_fault(self.point, self.countdown, self.signum)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_worker_paused_inside_a_pop_costs_nothing_once_it_resumes() -> None:
+    """A worker stopped (SIGSTOP: a debugger, a throttled cgroup) between
+    its FREE tail CAS and its cell release: the consumer's releases that
+    meet that cell are kept and retried, the other worker goes on, nothing
+    fails, and after SIGCONT every batch arrives exactly once."""
+    n, rows = 400, 2
+    with fastq.Prefetcher(
+        PatternDataset(n),
+        batch_size=rows,
+        workers=2,
+        slots=3,
+        start_method="fork",
+        worker_init=_StopInside("pop_free", 3, signal.SIGSTOP),
+    ) as pf:
+        victim = pf._pool.pids[1]
+        deferred_seen = 0
+        resumer: threading.Timer | None = None
+        got = []
+        for k, batch in enumerate(pf):
+            got.append(int(batch[1][0]))
+            if resumer is None and _state(victim) == "T":
+                # Resume it later, from another thread, while we go on.
+                resumer = threading.Timer(1.0, os.kill, (victim, signal.SIGCONT))
+                resumer.start()
+            deferred_seen = max(deferred_seen, pf._feed.consumer.ndeferred)
+            del batch
+        assert resumer is not None, "the worker never stopped inside its pop"
+        resumer.join()
+        assert got == list(range(0, n, rows)), "a batch was lost or repeated"
+        assert deferred_seen > 0, "no release met the stopped popper's cell"
+        assert_books_balance(pf)
+        whole_epoch(pf, n, rows)
+
+
+@pytest.mark.parametrize(
+    "point, words",
+    [
+        ("pop_free", "worker 1"),
+        ("claim", "which it had just claimed"),
+        # The fault point sits before the census moves to READY, so the
+        # batch is named as the one it was producing.
+        ("push_ready", r"batch \d+ \(slot \d+\)"),
+    ],
+)
+def test_a_worker_killed_inside_a_queue_operation_gives_worker_died(
+    point: str, words: str
+) -> None:
+    """SIGKILL between a CAS and its cell release (or between a claim and
+    its record): WorkerDied names the worker (and the batch lost with it),
+    within a second, never a RingError, a silent loss or a hang."""
+    with fastq.Prefetcher(
+        PatternDataset(400),
+        batch_size=2,
+        workers=2,
+        slots=3,
+        start_method="fork",
+        worker_init=_StopInside(point, 4, signal.SIGKILL),
+    ) as pf:
+        with pytest.raises(fastq.WorkerDied, match=words) as info:
+            for _ in range(5):
+                for batch in pf:
+                    del batch
+        assert info.value.worker == 1
+        assert "SIGKILL" in str(info.value)
+        if point != "pop_free":
+            assert info.value.task is not None
+
+
+def test_a_release_past_a_dead_poppers_cell_is_kept_not_raised() -> None:
+    """The consumer's FREE push that meets a cell whose popper died never
+    raises RingError and never loses the slot: it is kept, and the death
+    arrives as WorkerDied."""
+    with fastq.Prefetcher(
+        PatternDataset(400),
+        batch_size=2,
+        workers=2,
+        slots=2,
+        start_method="fork",
+        worker_init=_StopInside("pop_free", 2, signal.SIGKILL),
+    ) as pf:
+        with pytest.raises(fastq.WorkerDied, match="worker 1"):
+            for _ in range(5):
+                for batch in pf:
+                    del batch
+        states = pf._feed.consumer.local_states()
+        # Every slot the consumer took is still in its books: none vanished.
+        assert pf._feed.consumer.held + pf._feed.consumer.in_window + \
+            pf._feed.consumer.ndeferred == sum(s != LOCAL_NONE for s in states)
+
+
+# ------------------------------------------------------- reference cycles
+
+
+def test_a_batch_in_a_reference_cycle_still_returns_its_slot() -> None:
+    with fastq.Prefetcher(
+        PatternDataset(400), batch_size=4, workers=1, slots=2, start_method="fork"
+    ) as pf:
+        it = iter(pf)
+        consumer = pf._feed.consumer
+        gc.disable()
+        try:
+            for _ in range(40):
+                cycle: list[object] = [next(it)]
+                cycle.append(cycle)  # the batch is reachable only from a cycle
+                del cycle
+                gc.collect()
+                assert consumer.held == 0, "a lease in a cycle kept its slot"
+        finally:
+            gc.enable()
+        assert_books_balance(pf)
+
+
+# ---------------------------------------------------------------- layout
+
+
+def test_region_size_refuses_sizes_that_wrap() -> None:
+    with pytest.raises(ValueError):
+        region_size(1, 1, 2**64 - 1, 4096)
+    with pytest.raises(ValueError):
+        region_size(2**20, 1, 2**62, 4096)
+    assert region_size(1, 1, 1, 4096) >= 2 * 4096
