@@ -1,5 +1,6 @@
-"""Builds the compiled modules from src_c/: fastq._ring (the ring) and
-fastq._rows (the producer's copies into slots)."""
+"""Builds the compiled modules from src_c/: fastq._ring (the ring),
+fastq._rows (the producer's copies into slots) and fastq._seeding (the
+per-batch seeds of a worker's global generators)."""
 
 import numpy
 from Cython.Build import cythonize
@@ -23,9 +24,15 @@ rows = Extension(
     extra_compile_args=CFLAGS,
 )
 
+seeding = Extension(
+    "fastq._seeding",
+    sources=["src_c/_seeding.pyx"],
+    extra_compile_args=CFLAGS,
+)
+
 setup(
     ext_modules=cythonize(
-        [ring, rows],
+        [ring, rows, seeding],
         include_path=["src_c"],
         compiler_directives={"language_level": "3", "embedsignature": True},
     ),

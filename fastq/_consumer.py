@@ -9,8 +9,6 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from . import _report
 from ._ring import (
     ALERT,

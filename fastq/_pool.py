@@ -265,7 +265,9 @@ class WorkerPool:
         exc.__cause__ = report.revive()
         raise exc
 
-    def send_region(self, region: Region, size: int, spec: BatchSpec, ring: Ring) -> None:
+    def send_region(
+        self, region: Region, size: int, spec: BatchSpec, ring: Ring
+    ) -> None:
         """Hands every worker the ring (its descriptor over the worker's
         socket, as multiprocessing passes descriptors) and starts watching."""
         for conn, p in zip(self._channels, self.processes):
@@ -301,6 +303,8 @@ class WorkerPool:
     def holders(self) -> list[tuple[int, int]]:
         """(worker, task) for every batch a worker is producing, from the
         slot census."""
+        if self._ring is None:
+            return []
         return [
             (who, task)
             for kind, who, task in self._ring.census()

@@ -137,6 +137,10 @@ class Prefetcher:
         The ring does not fit in memory.
     """
 
+    _spec: BatchSpec
+    _feed: Feed
+    _ring: Ring
+
     def __init__(
         self,
         source: Any,
@@ -200,12 +204,12 @@ class Prefetcher:
         ctx = get_context(start_method)
 
         self._sampler: EpochSampler | None = None
-        self._spec: BatchSpec | None
+        known: BatchSpec | None  # None: a worker infers it
         if self._is_map:
-            self._spec = self._map_spec(source, batch_size, spec)
+            known = self._map_spec(source, batch_size, spec)
             self._sampler = EpochSampler(
                 len(source),
-                self._spec.rows,
+                known.rows,
                 shuffle=shuffle,
                 seed=seed,
                 drop_last=drop_last,
@@ -224,7 +228,7 @@ class Prefetcher:
                     f"batch_size={batch_size!r}: a callable source yields whole "
                     "batches, so batch_size does not apply; leave it None"
                 )
-            self._spec = self._callable_spec(spec)
+            known = self._callable_spec(spec)
 
         self.ordered = bool(ordered)
         self.copy = bool(copy)
@@ -241,7 +245,7 @@ class Prefetcher:
                 num_workers=workers,
                 source=source,
                 is_map=self._is_map,
-                spec=self._spec,
+                spec=known,
                 sampler=self._sampler,
                 seed=seed,
                 rank=rank,
@@ -255,7 +259,7 @@ class Prefetcher:
             )
 
         try:
-            if self._spec is None:
+            if known is None:
                 # A callable source without spec=: worker 0 infers it from
                 # its first batch; the ring is made once it is known.
                 self._pool = WorkerPool(
@@ -266,6 +270,7 @@ class Prefetcher:
                 assert self._region is not None
                 self._pool.send_region(self._region, size, self._spec, self._ring)
             else:
+                self._spec = known
                 size = self._make_ring(slots, workers)
                 assert self._region is not None
                 share = self._region.share()
@@ -289,7 +294,6 @@ class Prefetcher:
         self._closed = False
 
     def _make_ring(self, slots: int, workers: int) -> int:
-        assert self._spec is not None
         slot_bytes = max(self._spec.slot_bytes, _MIN_SLOT_BYTES)
         # One slot more than asked for: the batch a `for` loop's body still
         # holds while the next one is fetched must not starve the workers.

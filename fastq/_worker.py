@@ -12,20 +12,20 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from multiprocessing import reduction
 from typing import Any, Callable
 
 import numpy as np
-
-from multiprocessing import reduction
 
 from . import _report
 from ._ring import SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
 from ._rows import RowWriter, copy_rows
 from ._sampler import EpochSampler
+from ._seeding import mix_seed, seed_python_and_numpy
 from ._shm import Region, SharedFd
 from ._spec import BatchSpec
 from ._threads import limit_threads
-from ._worker_info import WorkerInfo, _set_worker_info, mix_seed
+from ._worker_info import WorkerInfo, _set_worker_info
 from .errors import SpecError
 
 _PR_SET_PDEATHSIG = 1
@@ -135,7 +135,7 @@ def _receive_region(cfg: WorkerConfig) -> bool:
     finally:
         conn.close()
     cfg.region, cfg.region_size, cfg.spec = SharedFd(fd), size, spec
-    return kind == "region"
+    return bool(kind == "region")
 
 
 def _isolate_from_terminal(stack_file: SharedFd | None) -> None:
@@ -199,7 +199,12 @@ def _watch_consumer(pid: int) -> None:
     except (AttributeError, OSError):
         fd = -1
     if fd >= 0:
-        select.select([fd], [], [])
+        # poll, not select: select fails on descriptors above 1023, which a
+        # worker holding many tensors' descriptors can reach.
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while not poller.poll():
+            pass
     else:
         # No pidfd (old kernel or not Linux): poll the pid. Bounded: one
         # cheap check every 200 ms, off the data path.
@@ -210,7 +215,8 @@ def _watch_consumer(pid: int) -> None:
 
 def _seed_globals(seed: int) -> None:
     """Once per worker: every global generator, torch's included."""
-    _seed_python_and_numpy(seed)
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)
@@ -288,7 +294,7 @@ class _Producer:
                 epoch, _ = sampler.locate(task)
                 indices = sampler.batch_indices(task)
                 self.info._start_task(epoch, task)
-                _seed_python_and_numpy(mix_seed(self.cfg.seed, epoch, task))
+                seed_python_and_numpy(self.cfg.seed, epoch, task)
                 views = self.views[slot]
                 if fill is not None:
                     n = len(indices)
@@ -330,7 +336,7 @@ class _Producer:
         if first is not None:
             it, held = first
         while True:
-            slot, task, wait_ns = self._take_slot()
+            slot, _task, wait_ns = self._take_slot()
             if slot < 0:
                 return
             t0 = time.perf_counter_ns()
@@ -377,10 +383,3 @@ class _Producer:
         for view, arr in zip(views, arrays):
             copy_rows(view, arr, rows)
         return rows
-
-
-def _seed_python_and_numpy(seed: int) -> None:
-    # Also per batch: only the cheap global generators; torch's is seeded
-    # per worker (its manual_seed costs more than a small batch).
-    random.seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)

@@ -10,18 +10,6 @@ import numpy as np
 _MASK64 = (1 << 64) - 1
 
 
-def mix_seed(*words: int) -> int:
-    """A 64-bit seed from integers (splitmix64 finaliser per word): cheap
-    enough to reseed the global generators for every batch."""
-    h = 0x9E3779B97F4A7C15
-    for w in words:
-        h = (h ^ (w & _MASK64)) & _MASK64
-        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
-        h ^= h >> 31
-    return h
-
-
 @dataclass
 class WorkerInfo:
     """Returned by fastq.get_worker_info() inside a worker; None elsewhere.

@@ -20,9 +20,9 @@ from itertools import islice
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import PatternDataset, expected_batch  # noqa: E402
+from helpers import PatternDataset, expected_batch
 
-import fastq  # noqa: E402
+import fastq
 
 N, BATCH = 240, 4
 BATCHES = N // BATCH
@@ -103,7 +103,7 @@ def main(start_method: str, interrupts: int, seed: int) -> None:
         for _ in range(3):
             check_epoch([tuple(np.copy(a) for a in b) for b in pf])
         consumer = pf._feed.consumer
-        mine, odd = consumer.audit()
+        _mine, odd = consumer.audit()
         census = {
             "held": consumer.held,
             "in_window": consumer.in_window,

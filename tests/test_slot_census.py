@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +45,9 @@ def assert_books_balance(pf: fastq.Prefetcher) -> None:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_hundreds_of_sigints_lose_no_slot_and_no_batch(start_method: str, seed: int) -> None:
+def test_hundreds_of_sigints_lose_no_slot_and_no_batch(
+    start_method: str, seed: int
+) -> None:
     """A notebook's interrupt button pressed 300 times at random points of a
     tight loop, each KeyboardInterrupt caught: an interrupted iterator goes
     on with the batch it was handing out, an abandoned loop is simply left,
@@ -148,7 +149,7 @@ def test_a_worker_paused_inside_a_pop_costs_nothing_once_it_resumes() -> None:
         deferred_seen = 0
         resumer: threading.Timer | None = None
         got = []
-        for k, batch in enumerate(pf):
+        for _k, batch in enumerate(pf):
             got.append(int(batch[1][0]))
             if resumer is None and _state(victim) == "T":
                 # Resume it later, from another thread, while we go on.
@@ -216,8 +217,12 @@ def test_a_release_past_a_dead_poppers_cell_is_kept_not_raised() -> None:
                     del batch
         states = pf._feed.consumer.local_states()
         # Every slot the consumer took is still in its books: none vanished.
-        assert pf._feed.consumer.held + pf._feed.consumer.in_window + \
-            pf._feed.consumer.ndeferred == sum(s != LOCAL_NONE for s in states)
+        assert (
+            pf._feed.consumer.held
+            + pf._feed.consumer.in_window
+            + pf._feed.consumer.ndeferred
+            == sum(s != LOCAL_NONE for s in states)
+        )
 
 
 # ------------------------------------------------------- reference cycles

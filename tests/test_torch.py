@@ -121,7 +121,6 @@ def test_tensors_held_across_iterations_never_change() -> None:
 
 def test_slot_returns_when_the_last_tensor_is_garbage() -> None:
     with TorchPrefetcher(Images(64), batch_size=8, workers=1, slots=3) as pf:
-        ring = pf._ring
         consumer = pf._feed.consumer
         it = iter(pf)
         images, labels, halves = next(it)
@@ -378,7 +377,6 @@ def test_device_batch_slots_wait_for_their_copy_events(
         cuda.device, cuda.pending, cuda.closed = torch.device("meta"), deque(), False
         cuda._host, cuda.stream = None, object()
         pf._cuda, pf.device = cuda, cuda.device  # as device= would, on 'meta'
-        ring = pf._ring
         books = pf._feed.consumer
         batches = 0
         for images, labels, halves in pf:
