@@ -1,5 +1,7 @@
 """Model checking of the ring protocol: spin explores every interleaving of
-src_c/model/fq_ring.pml, and must refute each deliberately broken variant."""
+src_c/model/fq_ring.pml, must refute each deliberately broken variant, and
+must reach each situation the checks are about (so that they are not
+vacuous)."""
 
 from __future__ import annotations
 
@@ -22,12 +24,22 @@ pytestmark = [
     pytest.mark.skipif(CC is None, reason="no C compiler (cc or gcc) to build pan"),
 ]
 
-# Depth bound: the deepest run of the sizes below is about 500 steps, so a
+# Depth bound: the deepest run of the sizes below is about 700 steps, so a
 # search that hits this bound is incomplete and fails rather than passes.
 MAX_DEPTH = 5000
 # pan stops with "out of memory" past this many megabytes instead of
-# swapping the machine (the largest size below needs about 1.5 GB).
+# swapping the machine (the largest quick size needs about 1.4 GB, the
+# largest slow one about 2.5 GB, compressed).
 MEMLIM_MB = 4096
+
+# How pan is built. A full search: -Og builds pan.c in a few seconds and
+# runs nearly as fast as -O1, which takes longer to build than it saves. A
+# search that stops at its first counterexample: -O0, the fastest build.
+FULL = ["-Og"]
+FIRST_ERROR = ["-O0"]
+# The larger sizes: states stored compressed (-DCOLLAPSE, about a quarter
+# of the memory for a third more time) and a larger hash table.
+LARGE_BUILD = ["-Og", "-DCOLLAPSE"]
 
 
 @pytest.fixture
@@ -38,15 +50,20 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-def verify(workdir: Path, defines: list[str], timeout: float) -> tuple[int, str]:
+def verify(
+    workdir: Path,
+    defines: list[str],
+    timeout: float,
+    cflags: list[str] = FULL,
+    hash_bits: int = 25,
+) -> tuple[int, str]:
     """Generates, builds and runs the verifier; returns (errors, output)."""
     steps = [
         [str(SPIN), *defines, "-a", MODEL.name],
-        # -O1: -O2 takes seconds longer to build pan.c than it saves.
         [
             str(CC),
             "-w",
-            "-O1",
+            *cflags,
             "-DSAFETY",
             f"-DMEMLIM={MEMLIM_MB}",
             "-o",
@@ -60,7 +77,7 @@ def verify(workdir: Path, defines: list[str], timeout: float) -> tuple[int, str]
         )
         assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout}{proc.stderr}"
     proc = subprocess.run(
-        ["./pan", f"-m{MAX_DEPTH}", "-w25"],
+        ["./pan", f"-m{MAX_DEPTH}", f"-w{hash_bits}"],
         cwd=workdir,
         capture_output=True,
         text=True,
@@ -78,75 +95,101 @@ def summary(out: str) -> str:
     return "\n".join(line for line in out.splitlines() if any(k in line for k in keep))
 
 
-def assert_verified(workdir: Path, defines: list[str], timeout: float) -> None:
-    errors, out = verify(workdir, defines, timeout)
+def assert_verified(
+    workdir: Path,
+    defines: list[str],
+    timeout: float,
+    cflags: list[str] = FULL,
+    hash_bits: int = 25,
+) -> None:
+    errors, out = verify(workdir, defines, timeout, cflags, hash_bits)
     assert "max search depth too small" not in out, f"incomplete search:\n{out}"
     assert "out of memory" not in out, f"incomplete search:\n{out}"
     assert errors == 0, f"spin found a counterexample ({defines}):\n{out}"
     print(" ".join(defines), "\n", summary(out))
 
 
-# Sizes that CI checks on every run: together about 20 s on two cores.
-# NSLOTS 3 lets the reorder window hold two early tasks; a death needs the
-# smaller ring to stay within the budget.
+def size(nslots: int, ntasks: int, maxdeaths: int) -> list[str]:
+    return [f"-DNSLOTS={nslots}", f"-DNTASKS={ntasks}", f"-DMAXDEATHS={maxdeaths}"]
+
+
+# Sizes that CI checks on every run: together about 30 s on two cores. Three
+# slots let the reorder window hold two early tasks (and make the queues'
+# capacity 4, larger than the ring); a death needs the smaller ring to stay
+# within the budget, and three tasks on two slots reach the "holds every
+# slot" report, deferred releases and deaths inside queue operations.
 QUICK = {
-    "3 slots, 3 tasks": ["-DNSLOTS=3", "-DNTASKS=3", "-DMAXDEATHS=0"],
-    "2 slots, 2 tasks, a worker may die": [
-        "-DNSLOTS=2",
-        "-DNTASKS=2",
-        "-DMAXDEATHS=1",
-    ],
+    "3 slots, 3 tasks": size(3, 3, 0),
+    "2 slots, 3 tasks, a worker may die": size(2, 3, 1),
 }
 
-# Larger sizes, each well under a minute but together too long for CI.
+# Larger sizes, together about 4 minutes on two cores: too long for CI.
 LARGE = {
-    "3 slots, 4 tasks": ["-DNSLOTS=3", "-DNTASKS=4", "-DMAXDEATHS=0"],
-    "2 slots, 3 tasks, a worker may die": [
-        "-DNSLOTS=2",
-        "-DNTASKS=3",
-        "-DMAXDEATHS=1",
-    ],
-    "3 slots, 2 tasks, a worker may die": [
-        "-DNSLOTS=3",
-        "-DNTASKS=2",
-        "-DMAXDEATHS=1",
+    "3 slots, 4 tasks": size(3, 4, 0),
+    "3 slots, 2 tasks, a worker may die": size(3, 2, 1),
+    "2 slots, 4 tasks, a worker may die": size(2, 4, 1),
+    "3 slots, 3 tasks, a worker may die": size(3, 3, 1),
+    "2 slots, 3 tasks, both workers may die": size(2, 3, 2),
+    # Waiting for a popper is harmless while it only stalls: what makes
+    # BROKEN_DEATH_WAIT wrong is the death alone.
+    "waiting for a stalled popper, 2 slots, 3 tasks": [
+        "-DBROKEN_DEATH_WAIT",
+        *size(2, 3, 0),
     ],
 }
 
-# Each broken variant and the kind of error spin must report for it.
+# Each broken variant, the size that refutes it, and the kind of error spin
+# must report for it.
 BROKEN = {
     # The lost wakeup: a sleeper that skips the re-check after waiters += 1
     # sleeps on a slot pushed just before, forever.
-    "BROKEN_WAKE": "invalid end state",
+    "BROKEN_WAKE": (size(2, 3, 0), "invalid end state"),
     # Close that only sets the flag leaves sleepers asleep.
-    "BROKEN_CLOSE": "invalid end state",
+    "BROKEN_CLOSE": (size(2, 3, 0), "invalid end state"),
     # Waiting while holding every slot is a deadlock, not a slow batch.
-    "NO_HOLD_CHECK": "invalid end state",
+    "NO_HOLD_CHECK": (size(2, 3, 0), "invalid end state"),
     # A task claimed before its slot breaks "a claimed task holds a slot".
-    "CLAIM_FIRST": "assertion violated",
+    "CLAIM_FIRST": (size(2, 3, 0), "assertion violated"),
+    # A release that drops the slot when it meets a popper inside its pop
+    # loses it: the census finds it nowhere. A popper that is only slow is
+    # enough, no death needed.
+    "BROKEN_DEFER": (size(2, 2, 0), "assertion violated ((n+m)==1)"),
+    # A release that waits for the popper's cell without looking at the
+    # flags waits forever once that popper is dead.
+    "BROKEN_DEATH_WAIT": (size(2, 2, 1), "invalid end state"),
+}
+
+# What the model must reach (REACH=n in fq_ring.pml) and the size at which
+# it does: every check that depends on it would pass vacuously otherwise.
+REACH = {
+    "a deferred release goes out later": (1, size(2, 2, 0)),
+    "the consumer reports it holds every slot": (2, size(2, 3, 0)),
+    "a release is deferred past a dead popper": (3, size(2, 2, 1)),
+    "a dead pusher's cell blocks READY until the alert": (4, size(2, 2, 1)),
 }
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("size", list(QUICK))
-def test_model_holds(workdir: Path, size: str) -> None:
-    assert_verified(workdir, QUICK[size], timeout=200)
+@pytest.mark.parametrize("name", list(QUICK))
+def test_model_holds(workdir: Path, name: str) -> None:
+    assert_verified(workdir, QUICK[name], timeout=200)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("size", list(LARGE))
-def test_model_holds_large(workdir: Path, size: str) -> None:
-    assert_verified(workdir, LARGE[size], timeout=540)
+@pytest.mark.parametrize("name", list(LARGE))
+def test_model_holds_large(workdir: Path, name: str) -> None:
+    assert_verified(workdir, LARGE[name], 540, LARGE_BUILD, hash_bits=26)
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("variant", list(BROKEN))
 def test_broken_model_is_refuted(workdir: Path, variant: str) -> None:
-    defines = [f"-D{variant}", "-DNSLOTS=2", "-DNTASKS=3", "-DMAXDEATHS=0"]
-    errors, out = verify(workdir, defines, timeout=150)
+    sizes, error = BROKEN[variant]
+    defines = [f"-D{variant}", *sizes]
+    errors, out = verify(workdir, defines, 150, FIRST_ERROR)
     assert errors > 0, f"spin found no error in the {variant} variant:\n{out}"
-    assert BROKEN[variant] in out, out
+    assert error in out, out
     # The counterexample replays: spin can walk the trail it wrote.
     replay = subprocess.run(
         [str(SPIN), *defines, "-t", MODEL.name],
@@ -159,3 +202,14 @@ def test_broken_model_is_refuted(workdir: Path, variant: str) -> None:
         replay.stdout + replay.stderr
     )
     print(variant, "\n", summary(out))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", list(REACH))
+def test_model_reaches(workdir: Path, name: str) -> None:
+    point, sizes = REACH[name]
+    errors, out = verify(workdir, [f"-DREACH={point}", *sizes], 150, FIRST_ERROR)
+    assert errors > 0 and f"assertion violated ({point}!={point})" in out, (
+        f"the model never reaches: {name}\n{out}"
+    )
+    print(name, "\n", summary(out))

@@ -30,6 +30,13 @@ const char *status_name(int rc);
 /* "WORKER(3)", "CONSUMER", ...: for messages; buf needs 32 bytes. */
 const char *owner_name(uint32_t owner, char *buf);
 
+/* A census check that does not look at the task word. */
+#define ANY_TASK (FQ_NO_TASK - 1)
+/* Checks slot's census word (and task, unless ANY_TASK) where the caller
+ * knows them exactly: it holds the slot, so nobody else writes them. */
+void expect_census(const fq_ring *r, uint32_t slot, uint32_t owner,
+                   uint64_t task, const char *when);
+
 uint64_t mix64(uint64_t x);
 uint64_t rng_next(uint64_t *s);
 void jitter(uint64_t *rng);
