@@ -258,7 +258,15 @@ class Feed:
         if failure.task is not None or not failure.claiming or not self.ordered:
             return failure
         c = self.consumer
-        recorded = {t for _, _, t in self.ring.census() if t != NO_TASK}
+        census = self.ring.census()
+        if any(
+            kind == OWNER_WORKER and task == NO_TASK and who != failure.worker
+            for kind, who, task in census
+        ):
+            # Another worker is between its pop and its record too: the
+            # unrecorded batch may be its, so none is named.
+            return failure
+        recorded = {t for _, _, t in census if t != NO_TASK}
         for task in range(c.next_task, self.ring.next_task):
             if task not in recorded:
                 failure.task = task

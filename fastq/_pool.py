@@ -376,11 +376,9 @@ class WorkerPool:
                     True,
                 )
             if kind == OWNER_READY and not ring.queued(READY, slot):
-                return (
-                    f" while publishing batch {task} (slot {slot}), which is lost",
-                    task,
-                    False,
-                )
+                # Either lost inside its push or being taken by the
+                # consumer right now: this thread cannot tell which.
+                return f" after publishing batch {task} (slot {slot})", None, False
         return "", None, False
 
     def close(self) -> None:

@@ -364,9 +364,11 @@ int fq_try_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot, uint32_t owner) {
      * orders it before the cell's next push). A worker's pop also clears
      * the task until its claim records the new one. */
     fq_slot_header *h = &r->headers[s];
-    atomic_store_explicit(&h->owner, owner, memory_order_relaxed);
+    /* Task first: a death between the two stores must not pair this
+     * worker with the previous holder's (already delivered) task. */
     if (FQ_OWNER_KIND(owner) == FQ_OWNER_WORKER)
         atomic_store_explicit(&h->task, FQ_NO_TASK, memory_order_relaxed);
+    atomic_store_explicit(&h->owner, owner, memory_order_relaxed);
     *slot = s;
     /* release: our read of cell->slot happens before the next round's
      * pusher overwrites it. */

@@ -107,11 +107,16 @@
  *   spin -DNSLOTS=3 ... -t -p fq_ring.pml   # replays a counterexample
  * with the same -D flags on every spin call (add -DBROKEN_DEFER etc. for a
  * broken variant). -Og: -O1 takes longer to build pan.c than it saves.
- * Sizes (NSLOTS/NTASKS/MAXDEATHS, default 3/3/0) on two cores, states
- * stored and pan's own seconds (building pan adds about 4 s):
- *   3/3/0  4.9 M   6 s      2/3/1  9.3 M  12 s      2/2/1  3.5 M   5 s
- *   3/4/0 15 M    25 s      3/2/1  9 M    12 s      2/4/1 19 M    30 s
- *   3/3/1 36 M    75 s (with -DCOLLAPSE: 2 GB; about 5 GB without).
+ * Sizes (NSLOTS/NTASKS/MAXDEATHS, default 3/3/0): states stored and pan's
+ * own seconds on a quiet 2-core machine (building pan adds about 4 s; a
+ * busy machine can double the times):
+ *   each test run:   3/3/0  4.8 M   8 s     2/3/1  9.1 M  13 s
+ *   slow (-DCOLLAPSE, as the test builds them: 2 GB at most, 6 without):
+ *                    3/4/0 14.1 M  30 s     3/2/1  8.5 M  17 s
+ *                    2/4/1 18.9 M  37 s     2/3/2 12.2 M  26 s
+ *                    3/3/1 34.2 M  70 s
+ *   2/2/1 (3.4 M, 5 s) is the quickest size with a death. The broken
+ *   variants and REACH points are refuted within 1.4 M states, seconds.
  * Several steps of one process are one atomic step where nobody else could
  * tell the difference (comments say why); a death point is the first
  * option of the step it precedes, which is the same as a step of its own
@@ -463,7 +468,8 @@ inline try_push_free(s, c, pushed) {
 }
 
 /* Consumer._free, inside the caller's atomic step; the caller then runs
- * wake_if_waiters. */
+ * wake_if_waiters. It never waits (it runs in finalizers): a slot whose
+ * cell is still a popper's is deferred, still the consumer's. */
 inline free_slot(s, c, pushed) {
 #ifdef BROKEN_DEATH_WAIT
     (cst[FREE_Q * CAP + head[FREE_Q]] != CPO);
@@ -478,7 +484,7 @@ inline free_slot(s, c, pushed) {
 #ifndef BROKEN_DEFER
         dfr = dfr | (1 << s)
 #else
-        give(s, CONSUMER)
+        give(s, CONSUMER)   /* forgotten: in no queue, not in the books */
 #endif
     :: else -> skip
     fi;

@@ -35,8 +35,10 @@
  *              although fq_depth counts them.
  *   POP_READY  (consumer, after its READY tail CAS): the READY cell stays
  *              claimed, its slot still says READY(w) with an undelivered
- *              task; a worker's publish that laps onto it waits until
- *              close.
+ *              task. Once a stand-in consumer (the parent) recycles slots,
+ *              a worker's publish laps onto the cell and waits there until
+ *              close. (With the one real consumer it cannot: nothing is
+ *              recycled, and nslots - 1 slots cannot lap capacity cells.)
  *   PUSH_FREE  (consumer, after its FREE head CAS): the slot says
  *              CONSUMER (its task delivered); FREE's cell at the tail stays
  *              unpublished, so workers find FREE empty (although fq_depth
