@@ -50,12 +50,14 @@
  * READY(w) or CONSUMER. Each queue operation writes it while it holds the
  * slot's cell exclusively (a push between its head CAS and its cell
  * release, a pop between its tail CAS and its cell release), so the word
- * changes hands together with the slot and a reader never sees a slot
- * "nowhere": a slot whose owner is CONSUMER is the consumer's to account
- * for, one whose owner is WORKER(w) or READY(w) was last handled by worker
- * w. header[s].task is FQ_NO_TASK from a worker's pop until its claim. A
- * process that dies inside a queue operation leaves the word at its last
- * value and its cell unreleased (see Queues).
+ * changes hands together with the slot: a slot whose owner is CONSUMER is
+ * the consumer's to account for, one whose owner is WORKER(w) or READY(w)
+ * was last handled by worker w. header[s].task is FQ_NO_TASK from a
+ * worker's pop until its claim. The one exception is a process that dies
+ * inside a queue operation before its census store: the word keeps its
+ * last value, and the unreleased cell (see Queues) is what shows where the
+ * slot went. Any death is fatal to the ring, so the census only has to
+ * name what it can; the consumer's own slots are always exact.
  *
 * Queues: Dmitry Vyukov's bounded MPMC queue. capacity is a power of two
  * >= N, and only N indices exist, so a queue never holds more than N items.
