@@ -13,8 +13,14 @@ from . import _report
 from ._ring import (
     ALERT,
     CLOSED,
+    LOCAL_DEFERRED,
+    LOCAL_LEASED,
+    LOCAL_NONE,
+    LOCAL_PENDING,
+    LOCAL_WINDOW,
     NO_TASK,
     OWNER_CONSUMER,
+    OWNER_FREE,
     OWNER_READY,
     OWNER_WORKER,
     READY,
@@ -30,9 +36,7 @@ from .errors import (
     PrefetcherClosed,
     RingError,
     SlotsExhausted,
-    SpecError,
     WorkerDied,
-    WorkerError,
 )
 
 if TYPE_CHECKING:
@@ -41,6 +45,13 @@ if TYPE_CHECKING:
     from ._spec import BatchSpec
 
 _ALL_TASKS = 1 << 63
+_LOCAL_NAMES = {
+    LOCAL_NONE: "not its own",
+    LOCAL_WINDOW: "waiting in the reorder window",
+    LOCAL_PENDING: "being handed out",
+    LOCAL_LEASED: "handed out",
+    LOCAL_DEFERRED: "released, its return deferred",
+}
 
 
 class Feed:
@@ -199,9 +210,10 @@ class Feed:
         if odd >= 0:
             self.host._fail(self.lost_slot_error(odd))
         n = self.ring.nslots
-        if mine < n or c.ndeferred:
-            # A slot is with a worker or in a queue, or a release waits for
-            # a popper that is only paused: waiting can end.
+        if mine < n:
+            # A slot is with a worker or in a queue: waiting can end. (A
+            # release kept for a stalled popper counts here too: that popper
+            # holds a slot the census does not give the consumer.)
             return
         raise SlotsExhausted(
             f"all {n} slots are held ({c.held} by batches you still "
@@ -212,22 +224,24 @@ class Feed:
 
     def lost_slot_error(self, slot: int) -> RingError:
         kind, who, task = self.ring.census()[slot]
-        local = self.consumer.local_states()[slot]
+        local = _LOCAL_NAMES[self.consumer.local_states()[slot]]
         last = {
+            OWNER_FREE: "the FREE queue",
             OWNER_CONSUMER: "the consumer",
             OWNER_WORKER: f"worker {who}",
             OWNER_READY: f"worker {who} (published)",
-        }.get(kind, "the FREE queue")
+        }[kind]
         batch = "" if task == NO_TASK else f", batch {task}"
         return RingError(
             f"slot {slot} is unaccounted for: the shared census says it was "
-            f"last held by {last}{batch}, this process's state for it is "
-            f"{local}; the ring cannot be trusted, so the Prefetcher was closed"
+            f"last held by {last}{batch}, but this process has it as {local}; "
+            "the ring cannot be trusted, so the Prefetcher was closed"
         )
 
     # ------------------------------------------------------------ errors
 
     def worker_error(self, lease: SlotLease) -> Exception:
+        """The error a worker published in place of a batch."""
         task, worker, sample = lease.task, lease.worker, lease.sample
         report = _report.decode(memoryview(lease)[: lease.payload_bytes])
         where = f"batch {task}"
@@ -237,19 +251,13 @@ class Feed:
             if sample < len(indices):
                 sample_index = int(indices[sample])
                 where += f", sample {sample_index}"
-        pid = self.pool.pids[worker]
-        if report.is_spec_error:
-            return SpecError(f"{report.message} (worker {worker}, {where})")
-        exc = WorkerError(
-            f"worker {worker} (pid {pid}) raised {report.type_name} while producing "
-            f"{where}: {report.message}\n\nRemote traceback:\n{report.traceback}",
+        return report.error(
             worker=worker,
+            pid=self.pool.pids[worker],
+            where=where,
             task=task,
             sample=sample_index,
-            remote_traceback=report.traceback,
         )
-        exc.__cause__ = report.revive()
-        return exc
 
     def worker_died(self, failure: WorkerDied) -> WorkerDied:
         """Names the batch a worker that died mid-claim took with it: its

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections.abc import Iterator
 from multiprocessing import reduction
 from multiprocessing.connection import wait
@@ -21,7 +22,7 @@ from ._ring import NO_TASK, OWNER_READY, OWNER_WORKER, READY, Ring
 from ._shm import Region, SharedFd, anonymous_file
 from ._spec import BatchSpec
 from ._worker import WorkerConfig, worker_main
-from .errors import ConfigError, FetchTimeout, WorkerDied, WorkerError
+from .errors import ConfigError, FetchTimeout, WorkerDied
 
 START_METHODS = ("fork", "spawn", "forkserver")
 # How long close() lets workers leave on their own before SIGKILL: long
@@ -152,6 +153,29 @@ def _unimportable_main_names(obj: Any) -> list[str]:
     return found
 
 
+# Pools alive in this process, for the fork hook below.
+_live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+def _forget_workers_in_forked_child() -> None:
+    """A child forked from a process that runs pools (a helper the training
+    script forks) inherits multiprocessing's list of that process's
+    children, and at exit multiprocessing SIGTERMs and joins every daemonic
+    one on it: the parent's workers. They are not this process's children,
+    so they leave the list here. (The list is multiprocessing's private
+    ``process._children``; without it there is nothing to forget.)"""
+    children = getattr(mp.process, "_children", None)
+    if children is None:
+        return
+    for pool in list(_live_pools):
+        for p in pool.processes:
+            children.discard(p)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_workers_in_forked_child)
+
+
 class WorkerPool:
     """Starts the workers and watches them; a death alerts the consumer.
 
@@ -173,6 +197,7 @@ class WorkerPool:
         self._stop_r, self._stop_w = os.pipe()
         self._stack_fds: list[int] = []
         self._watcher: threading.Thread | None = None
+        _live_pools.add(self)
         try:
             # Every worker gets the same source and worker_init: check once.
             _check_main_importable(ctx.get_start_method(), configs[0])
@@ -233,17 +258,16 @@ class WorkerPool:
             ready = wait([conn, *sentinels], None if left is None else min(left, 1.0))
             if conn in ready:
                 try:
-                    message = conn.recv()
-                except EOFError:
-                    message = None
-                if message is not None:
+                    kind, payload = conn.recv()
                     break
+                except EOFError:
+                    # Worker 0 is gone: its sentinel says how, within a moment.
+                    ready = wait(list(sentinels), 1.0) or list(sentinels)[:1]
             for s in ready:
                 if s in sentinels:
                     self._record_death(sentinels[s])
                     assert self.failure is not None
                     raise self.failure
-        kind, payload = message
         if kind == "spec":
             spec: BatchSpec = payload
             return spec
@@ -252,18 +276,9 @@ class WorkerPool:
                 "source() yielded no batch in worker 0, so its spec cannot be "
                 "inferred; pass spec={name: (batch_shape, dtype)}"
             )
-        report = _report.decode(payload)
-        if report.is_spec_error:
-            raise ConfigError(f"worker 0's first batch: {report.message}")
-        exc = WorkerError(
-            f"worker 0 (pid {self.processes[0].pid}) raised {report.type_name} "
-            f"while making its first batch: {report.message}\n\nRemote "
-            f"traceback:\n{report.traceback}",
-            worker=0,
-            remote_traceback=report.traceback,
+        raise _report.decode(payload).error(
+            worker=0, pid=self.processes[0].pid, where="its first batch"
         )
-        exc.__cause__ = report.revive()
-        raise exc
 
     def send_region(
         self, region: Region, size: int, spec: BatchSpec, ring: Ring
@@ -394,7 +409,22 @@ class WorkerPool:
         self._channels = []
         os.write(self._stop_w, b"x")
         alive = [p for p in self.processes if p.pid is not None]
-        deadline = time.monotonic() + GRACE_SECONDS
+        try:
+            self._reap(alive, GRACE_SECONDS)
+        except KeyboardInterrupt:
+            # Ctrl+C again while waiting for workers to leave: no more
+            # grace, but the teardown still ends, then the interrupt goes on.
+            self._reap(alive, 0.0)
+            raise
+        finally:
+            for fd in [self._stop_r, self._stop_w, *self._stack_fds]:
+                os.close(fd)
+            self._stack_fds = []
+
+    def _reap(self, alive: list[Any], grace: float) -> None:
+        """Gives workers `grace` seconds to leave, SIGKILLs the rest, reaps
+        everyone and the watcher."""
+        deadline = time.monotonic() + grace
         pending = alive
         while pending and time.monotonic() < deadline:
             wait([p.sentinel for p in pending], deadline - time.monotonic())
@@ -407,6 +437,3 @@ class WorkerPool:
         watcher = self._watcher
         if watcher is not None:
             watcher.join(1.0)
-        for fd in [self._stop_r, self._stop_w, *self._stack_fds]:
-            os.close(fd)
-        self._stack_fds = []

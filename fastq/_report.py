@@ -9,7 +9,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SpecError
+from .errors import FastqError, SpecError, WorkerError
 
 
 @dataclass
@@ -30,6 +30,31 @@ class Report:
         except Exception:  # a class that cannot be rebuilt: text is enough
             return None
         return exc if isinstance(exc, BaseException) else None
+
+    def error(
+        self,
+        *,
+        worker: int,
+        pid: int,
+        where: str,
+        task: int = -1,
+        sample: int | None = None,
+    ) -> FastqError:
+        """What the consumer raises for this report: a SpecError for a
+        batch that does not fit the spec, else a WorkerError with the
+        remote traceback and the original exception as its cause."""
+        if self.is_spec_error:
+            return SpecError(f"{self.message} (worker {worker}, {where})")
+        exc = WorkerError(
+            f"worker {worker} (pid {pid}) raised {self.type_name} while producing "
+            f"{where}: {self.message}\n\nRemote traceback:\n{self.traceback}",
+            worker=worker,
+            task=task,
+            sample=sample,
+            remote_traceback=self.traceback,
+        )
+        exc.__cause__ = self.revive()
+        return exc
 
 
 def encode(exc: BaseException, limit: int) -> bytes:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import random
 import signal
 import sys
 import threading
@@ -32,6 +31,8 @@ _PR_SET_PDEATHSIG = 1
 # Header value for "the failure was not at one sample" (a whole-batch call).
 _UNKNOWN_SAMPLE = 0xFFFFFFFF
 _NOTHING = object()
+# Bound of an error report sent before the ring (and its slots) exists.
+_REPORT_LIMIT = 1 << 20
 
 
 @dataclass
@@ -72,7 +73,7 @@ def worker_main(cfg: WorkerConfig) -> None:
         cfg.source,
     )
     _set_worker_info(info)
-    _seed_globals(mix_seed(cfg.seed, 1 << 33, cfg.worker_id))
+    _seed_globals(cfg.seed, cfg.worker_id)
     init_error: Exception | None = None
     try:
         if cfg.worker_init is not None:
@@ -84,7 +85,7 @@ def worker_main(cfg: WorkerConfig) -> None:
         if cfg.worker_id == 0:
             # The consumer waits for this worker's spec before anything else.
             if init_error is not None:
-                cfg.channel.send(("error", _report.encode(init_error, 1 << 20)))
+                cfg.channel.send(("error", _report.encode(init_error, _REPORT_LIMIT)))
                 return
             first = _first_batch(cfg)
             if first is None:
@@ -117,7 +118,7 @@ def _first_batch(cfg: WorkerConfig) -> tuple[Iterator[Any], Any] | None:
         conn.send(("empty", None))
         return None
     except Exception as exc:
-        conn.send(("error", _report.encode(exc, 1 << 20)))
+        conn.send(("error", _report.encode(exc, _REPORT_LIMIT)))
         return None
     conn.send(("spec", spec))
     return it, batch
@@ -213,13 +214,13 @@ def _watch_consumer(pid: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _seed_globals(seed: int) -> None:
-    """Once per worker: every global generator, torch's included."""
-    random.seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)
+def _seed_globals(seed: int, worker_id: int) -> None:
+    """Once per worker: every global generator, torch's included, from
+    (seed, worker id); the epoch slot 1 << 33 is one no batch has."""
+    seed_python_and_numpy(seed, 1 << 33, worker_id)
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.manual_seed(seed)
+        torch.manual_seed(mix_seed(seed, 1 << 33, worker_id))
 
 
 class _Producer:

@@ -299,12 +299,6 @@ cdef class Consumer:
                 kept += 1
         self.ndeferred = kept
 
-    def flush_deferred(self):
-        """Retries the FREE pushes that met a stalled popper; how many are
-        still waiting."""
-        self._flush_deferred()
-        return self.ndeferred
-
     # ------------------------------------------------------------- census
 
     def local_states(self):
@@ -327,11 +321,6 @@ cdef class Consumer:
             elif self.state[s] != L_NONE and odd < 0:
                 odd = s
         return mine, odd
-
-    @property
-    def owned_here(self):
-        """False in a forked child of the process that made this Consumer."""
-        return self.fork_gen == _fork_generation
 
 
 @cython.no_gc_clear

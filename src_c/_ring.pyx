@@ -258,6 +258,12 @@ cdef class Ring:
                          slot) != 0
 
     @property
+    def headers_offset(self):
+        """Where the slot headers start in the region (one cache line
+        each; see fq_ring.h)."""
+        return self.ring.ctrl.headers_offset
+
+    @property
     def next_task(self):
         """The task number the next claim gets (a snapshot)."""
         return fq_next_task(&self.ring)

@@ -58,6 +58,7 @@ cdef extern from "fq_ring.h" nogil:
         uint32_t nworkers      # fq_init: entries in the worker table
         uint64_t slot_bytes    # fq_init: usable bytes per slot
         uint64_t slot_stride   # fq_init: bytes between slot starts (pages)
+        uint64_t headers_offset  # fq_init: where the slot headers start
         uint64_t data_offset   # fq_init: where slot 0 starts
         uint64_t region_bytes  # fq_init: bytes the layout needs
         uint64_t spin_ns       # fq_init: spin before sleeping in a pop

@@ -14,6 +14,22 @@ import fastq
 IMAGE_SHAPE = (3, 5, 7)
 
 
+def process_state(pid: int) -> str:
+    """The one-letter state of a process in /proc ("R", "S", "T", "Z"...),
+    or "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping, not a zombie (a forkserver worker is not our
+    child, so a reaped-or-not check by waitpid would not do)."""
+    return process_state(pid) not in ("", "Z")
+
+
 def expected_image(i: int) -> np.ndarray[Any, Any]:
     """Sample i's image: every byte depends on i, so any mix-up shows."""
     base = np.arange(np.prod(IMAGE_SHAPE), dtype=np.int64).reshape(IMAGE_SHAPE)

@@ -41,7 +41,10 @@ def main(start_method: str, interrupts: int, seed: int) -> None:
     rng = random.Random(seed)
     done = threading.Event()
 
+    go = threading.Event()
+
     def storm() -> None:
+        go.wait()  # set inside the loop's try: every interrupt is caught
         for _ in range(interrupts):
             # Mostly inside one epoch, sometimes long enough to finish one.
             time.sleep(rng.uniform(0.0002, 0.003 if rng.random() < 0.8 else 0.03))
@@ -63,6 +66,7 @@ def main(start_method: str, interrupts: int, seed: int) -> None:
         seen: list[tuple[np.ndarray, ...]] = []
         while not done.is_set():
             try:
+                go.set()
                 if rng.random() < 0.75:
                     # The same iterator, resumed after each interrupt: its
                     # epoch must still be whole and in order. list.extend

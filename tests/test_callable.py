@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections
 import os
+import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,3 +121,27 @@ def test_a_failure_before_the_first_batch_is_raised_at_construction() -> None:
         fastq.Prefetcher(NoBatches(), workers=2, start_method="forkserver")
     with pytest.raises(fastq.WorkerDied, match="worker 0 .* SIGKILL"):
         fastq.Prefetcher(DiesAtOnce(), workers=2, start_method="fork")
+
+
+class _SlowFirstBatch:
+    def __call__(self) -> Any:
+        time.sleep(30)
+        yield np.zeros(2)
+
+
+def _failing_init(worker_id: int) -> None:
+    raise OSError(f"cannot open the shard of worker {worker_id}")
+
+
+def test_construction_waits_for_the_first_batch_within_timeout() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(fastq.FetchTimeout, match="worker 0 made no first batch"):
+        fastq.Prefetcher(_SlowFirstBatch(), workers=1, timeout=0.5, start_method="fork")
+    assert time.monotonic() - t0 < 5
+
+
+def test_worker_init_failing_in_worker_0_is_raised_at_construction() -> None:
+    with pytest.raises(fastq.WorkerError, match="cannot open the shard of worker 0"):
+        fastq.Prefetcher(
+            ShardedFiles(4), workers=2, worker_init=_failing_init, start_method="fork"
+        )

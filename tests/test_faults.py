@@ -16,19 +16,11 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from helpers import CountingBatches, PatternDataset, StuckDataset
+from helpers import CountingBatches, PatternDataset, StuckDataset, alive
 
 import fastq
 
 VICTIM = os.path.join(os.path.dirname(__file__), "victim.py")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def maps_ring(pid: int) -> bool:
@@ -115,6 +107,25 @@ def test_ctrl_c_gives_one_keyboard_interrupt(
     assert proc.returncode == 130, err
     assert out.count("KeyboardInterrupt caught once") == 1
     assert "Traceback" not in err, err  # no worker printed anything
+    assert wait_gone(pids["workers"], 1.0) == []
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_during_close_still_reaps_every_worker(
+    start_victim,  # type: ignore[no-untyped-def]
+) -> None:
+    """A second Ctrl+C while close() waits for workers stuck in user code:
+    close skips the rest of its grace, kills and reaps them, then lets the
+    interrupt go on. A notebook's kernel lives on with nothing left over."""
+    proc, pids = start_victim("sigint-in-close", "forkserver")
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "closing"
+    time.sleep(0.15)  # inside close's half-second grace
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130, out + err
+    left = json.loads(out.splitlines()[0])["left_after_interrupted_close"]
+    assert left == [], f"workers left after an interrupted close: {left}"
     assert wait_gone(pids["workers"], 1.0) == []
 
 

@@ -5,6 +5,7 @@ fault for real."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -12,14 +13,16 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import PatternDataset, expected_batch
+from helpers import PatternDataset, expected_batch, process_state
 
 import fastq
-from fastq._ring import LOCAL_NONE, inject_fault, region_size
+from fastq._ring import LOCAL_NONE, OWNER_CONSUMER, inject_fault, region_size
+from fastq.errors import RingError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -126,11 +129,6 @@ class _StopInside:
             inject_fault(self.point, self.countdown, self.signum)
 
 
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
-
-
 def test_a_worker_paused_inside_a_pop_costs_nothing_once_it_resumes() -> None:
     """A worker stopped (SIGSTOP: a debugger, a throttled cgroup) between
     its FREE tail CAS and its cell release: the consumer's releases that
@@ -151,7 +149,7 @@ def test_a_worker_paused_inside_a_pop_costs_nothing_once_it_resumes() -> None:
         got = []
         for _k, batch in enumerate(pf):
             got.append(int(batch[1][0]))
-            if resumer is None and _state(victim) == "T":
+            if resumer is None and process_state(victim) == "T":
                 # Resume it later, from another thread, while we go on.
                 resumer = threading.Timer(1.0, os.kill, (victim, signal.SIGCONT))
                 resumer.start()
@@ -258,3 +256,91 @@ def test_region_size_refuses_sizes_that_wrap() -> None:
     with pytest.raises(ValueError):
         region_size(2**20, 1, 2**62, 4096)
     assert region_size(1, 1, 1, 4096) >= 2 * 4096
+
+
+def test_a_census_that_disagrees_is_an_error_naming_the_slot() -> None:
+    """Memory corruption stands in for a lost slot: the census gives the
+    consumer a slot its books do not have. Before sleeping, the consumer
+    raises RingError naming the slot and its last holder, never hangs."""
+    with fastq.Prefetcher(
+        PatternDataset(400), batch_size=2, workers=1, slots=3, start_method="fork"
+    ) as pf:
+        it = iter(pf)
+        first = next(it)
+        worker = pf._pool.pids[0]
+        os.kill(worker, signal.SIGSTOP)  # nothing rewrites the census now
+        try:
+            while process_state(worker) != "T":
+                time.sleep(0.01)
+            del first  # its slot goes back to FREE and stays there
+            ring = pf._ring
+            free = [s for s, (kind, _, _) in enumerate(ring.census()) if kind == 0]
+            assert free, "no slot on FREE to corrupt"
+            words = np.frombuffer(pf._region.mapping, dtype=np.uint32)
+            # owner sits 8 bytes into the slot's header (after the task)
+            words[(ring.headers_offset + 64 * free[0] + 8) // 4] = OWNER_CONSUMER
+            del words
+            with pytest.raises(RingError, match=f"slot {free[0]} is unaccounted for"):
+                for _ in range(10):
+                    next(it)
+            assert pf.closed
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # close() reaped it
+                os.kill(worker, signal.SIGCONT)
+
+
+def test_a_helper_forked_mid_epoch_that_exits_normally_leaves_the_workers_alone(
+    start_method: str,
+) -> None:
+    """A training script forks a helper that ends with sys.exit: the exit
+    handlers of multiprocessing run in the helper, and must not SIGTERM the
+    parent's workers, which are not its children."""
+    script = f"""
+import os, sys, time
+sys.path.insert(0, {str(HERE)!r})
+import fastq
+from helpers import PatternDataset
+if __name__ == "__main__":
+    with fastq.Prefetcher(PatternDataset(400), batch_size=4, workers=2,
+                          start_method={start_method!r}) as pf:
+        for k, batch in enumerate(pf):
+            if k == 10:
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(0.05)
+                    sys.exit(0)
+                os.waitpid(pid, 0)
+        print("second epoch", sum(1 for _ in pf))
+"""
+    path = HERE / f"_forked_helper_{os.getpid()}.py"
+    path.write_text(script)
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(path)], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        path.unlink()
+    assert proc.returncode == 0, proc.stderr
+    assert "second epoch 100" in proc.stdout
+
+
+def test_fetch_timeout_names_a_worker_stopped_inside_its_pop() -> None:
+    with fastq.Prefetcher(
+        PatternDataset(4000),
+        batch_size=2,
+        workers=2,
+        slots=3,
+        timeout=1.0,
+        start_method="fork",
+        worker_init=_StopInside("pop_free", 3, signal.SIGSTOP),
+    ) as pf:
+        victim = pf._pool.pids[1]
+        try:
+            with pytest.raises(
+                fastq.FetchTimeout, match="stopped inside a queue operation"
+            ):
+                for batch in pf:
+                    del batch
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # close() reaped it
+                os.kill(victim, signal.SIGCONT)

@@ -14,7 +14,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from helpers import PatternDataset, StuckDataset
+from helpers import PatternDataset, StuckDataset, alive
 
 import fastq
 
@@ -74,6 +74,23 @@ def main(scenario: str, method: str) -> None:
             for _ in pf:
                 print("in body", flush=True)
                 time.sleep(60)
+    elif scenario == "sigint-in-close":
+        # Workers stuck in user code: close() waits its whole grace for them,
+        # and the Ctrl+C lands in that wait.
+        pf = fastq.Prefetcher(
+            StuckDataset(1000, stuck=1), batch_size=2, workers=2, start_method=method
+        )
+        announce(pf)
+        time.sleep(0.3)  # let both workers reach the stuck sample
+        print("closing", flush=True)
+        try:
+            pf.close()
+        except KeyboardInterrupt:
+            # The process lives on (a notebook): nothing of it may be left.
+            left = [p for p in pf._pool.pids if alive(p)]
+            print(json.dumps({"left_after_interrupted_close": left}), flush=True)
+            raise
+        print("close was not interrupted", flush=True)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
 
