@@ -5,9 +5,13 @@ holds the policy."""
 
 from __future__ import annotations
 
+import os
 import time
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from . import _report
 from ._ring import (
@@ -45,6 +49,8 @@ if TYPE_CHECKING:
     from ._spec import BatchSpec
 
 _ALL_TASKS = 1 << 63
+# The token of a loop that ran to its end: never current, never closed.
+_FINISHED = -1
 _LOCAL_NAMES = {
     LOCAL_NONE: "not its own",
     LOCAL_WINDOW: "waiting in the reorder window",
@@ -59,9 +65,14 @@ class Feed:
 
     ``host`` is the Prefetcher (a weak proxy: the feed must not keep it
     alive): its ``_make_batch`` turns a batch's leaf arrays into what the
-    iteration yields, ``_reclaim_slots`` returns slots it holds for pending
-    work (GPU copies) before the consumer sleeps, and ``_fail`` closes it
-    and raises.
+    iteration yields (``_unpack`` a packed slot's lease, for a PackedSpec),
+    ``_reclaim_slots`` returns slots it holds for pending work (GPU copies)
+    before the consumer sleeps, and ``_fail`` closes it and raises.
+
+    With ``fatal_errors`` False (a DataLoader's meaning), a worker's
+    exception is raised at its batch's turn and the loop may go on past it;
+    otherwise it closes the Prefetcher. ``indices_of(task)`` names the
+    sample indices of a planned task, for error messages.
     """
 
     def __init__(
@@ -76,6 +87,8 @@ class Feed:
         copy: bool,
         spin_s: float,
         host: Any,
+        fatal_errors: bool = True,
+        indices_of: Any = None,
     ) -> None:
         self.ring = ring
         self.consumer = Consumer(ring)
@@ -87,7 +100,16 @@ class Feed:
         self.copy = copy
         self.spin_s = spin_s
         self.host = host
+        self.fatal_errors = fatal_errors
+        self.indices_of = indices_of
+        self.packed = not hasattr(spec, "views")
         self.live = 0  # which `for` loop is current
+        # The loop that was current when the Prefetcher closed (or this
+        # process was forked from the consumer), and why: it raises
+        # PrefetcherClosed at its next next() instead of ending quietly.
+        self.closed_token: int | None = None
+        self.closed_why = ""
+        _live_feeds.add(self)
         self.epoch = -1  # map: epoch being (or last) iterated
         self.epoch_done = True
         self.pass_started = False  # callable: pass 0 not yet handed out
@@ -128,6 +150,21 @@ class Feed:
             self.ring.set_pass(c.pass_)
         self.pass_started = True
         return _PassIterator(self, self.live, c.ends)
+
+    def close_loops(self, why: str) -> None:
+        """Ends every open loop. The current one raises PrefetcherClosed
+        (why) at its next next(); older ones, which a newer iter() had
+        already superseded, end quietly as DataLoader's do."""
+        if self.closed_token is None:
+            self.closed_token = self.live
+            self.closed_why = why
+        self.live += 1
+
+    def check_closed(self, token: int) -> None:
+        """For a loop whose turn is over (token != live): raises if it was
+        current when the Prefetcher closed."""
+        if token == self.closed_token:
+            raise PrefetcherClosed(self.closed_why)
 
     # ------------------------------------------------------------ taking
 
@@ -182,17 +219,25 @@ class Feed:
         """The batch in a pending lease, as the iteration yields it. The
         caller marks it handed out (``consumer.pending = -1``) last."""
         if lease.kind == SLOT_ERROR:
-            self.host._fail(self.worker_error(lease))
+            error = self.worker_error(lease)
+            if self.fatal_errors:
+                self.host._fail(error)
+            del lease
+            self.consumer.pending = -1  # this batch is over: the loop goes on
+            raise error
         if lease.kind != SLOT_BATCH:
             raise RingError(f"slot {lease.slot} of kind {lease.kind} handed out")
         if self.n_batches == 0:
             self.t_first = time.perf_counter()
         rows = lease.rows
-        arrays = self.spec.views(lease, rows)
-        if self.copy:
-            arrays = [a.copy() for a in arrays]
-            lease.release()
-        batch = self.host._make_batch(arrays)
+        if self.packed:
+            batch = self.host._unpack(lease)
+        else:
+            arrays = self.spec.views(lease, rows)
+            if self.copy:
+                arrays = [a.copy() for a in arrays]
+                lease.release()
+            batch = self.host._make_batch(arrays)
         self.n_batches += 1
         self.n_bytes += rows * self.spec.row_bytes
         self.occupancy += self.ring.depth(READY) + self.consumer.in_window
@@ -246,11 +291,16 @@ class Feed:
         report = _report.decode(memoryview(lease)[: lease.payload_bytes])
         where = f"batch {task}"
         sample_index = None
+        indices: Any = None
         if self.sampler is not None:
             indices = self.sampler.batch_indices(task)
-            if sample < len(indices):
-                sample_index = int(indices[sample])
-                where += f", sample {sample_index}"
+        elif self.indices_of is not None:
+            indices = self.indices_of(task)
+        if indices is not None and sample < len(indices):
+            sample_index = indices[sample]
+            if isinstance(sample_index, np.integer):
+                sample_index = int(sample_index)
+            where += f", sample {sample_index!r}"
         return report.error(
             worker=worker,
             pid=self.pool.pids[worker],
@@ -313,6 +363,27 @@ class Feed:
         )
 
 
+# Feeds alive in this process, for the fork hook below.
+_live_feeds: weakref.WeakSet[Feed] = weakref.WeakSet()
+
+
+def _close_loops_in_forked_child() -> None:
+    """A child forked from the consumer inherits its open loops; their
+    batches and slots stay the parent's, so a next() here must take none
+    (iter() is refused by the Prefetcher's own pid check)."""
+    pid = os.getpid()
+    for feed in list(_live_feeds):
+        feed.close_loops(
+            f"this process (pid {pid}) was forked from the consumer while this "
+            "loop was open; its batches and slots are the parent's. Create a "
+            "Prefetcher in the child"
+        )
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_loops_in_forked_child)
+
+
 class _EpochIterator:
     """One epoch of a map-style source. A class, not a generator: an
     exception inside ``__next__`` (Ctrl+C included) leaves it usable, and
@@ -336,10 +407,12 @@ class _EpochIterator:
     def __next__(self) -> Any:
         feed = self._feed
         if self._token != feed.live:
+            feed.check_closed(self._token)
             raise StopIteration
         c = feed.consumer
         if c.handed - self._handed0 >= self._count:
             feed.epoch_done = True
+            self._token = _FINISHED  # a later close() does not concern it
             raise StopIteration
         batch = feed.hand_out(feed.next_lease(self._lo, self._hi))
         c.pending = -1  # handed out: an attribute store, then straight out
@@ -373,4 +446,7 @@ class _PassIterator:
             batch = feed.hand_out(lease)
             c.pending = -1
             return batch
+        if self._token != feed.live:
+            feed.check_closed(self._token)
+        self._token = _FINISHED
         raise StopIteration

@@ -17,11 +17,12 @@ from multiprocessing import reduction
 from multiprocessing.connection import wait
 from typing import Any
 
-from . import _report
+from . import _report, _zygote
+from ._plan import PlanLayout
 from ._ring import NO_TASK, OWNER_READY, OWNER_WORKER, READY, Ring
 from ._shm import Region, SharedFd, anonymous_file
 from ._spec import BatchSpec
-from ._worker import WorkerConfig, worker_main
+from ._worker import STARTUP_NOTE, WorkerConfig, worker_main
 from .errors import ConfigError, FetchTimeout, WorkerDied
 
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -45,6 +46,16 @@ def get_context(start_method: str | None) -> Any:
         )
     if method == "fork":
         _refuse_fork_after_cuda()
+    if start_method is None and method == "forkserver":
+        # The default: workers fork from the zygote (fastq/_zygote.py), a
+        # fork server forked from this process, so they share what the
+        # script imported (torch for one) instead of importing it again.
+        zygote = _zygote.context()
+        if zygote is not None:
+            return zygote
+        # A thread or CUDA here (no zygote can be forked now), or a Python
+        # whose multiprocessing the zygote does not know: the normal fork
+        # server, the same start method, only slower to start.
     ctx = mp.get_context(method)
     if method == "forkserver":
         # Workers fork from a server that already imported fastq, numpy and
@@ -56,13 +67,7 @@ def get_context(start_method: str | None) -> Any:
 
 
 def _refuse_fork_after_cuda() -> None:
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    try:
-        initialised = bool(cuda is not None and cuda.is_initialized())
-    except Exception:  # a torch build without CUDA support
-        initialised = False
-    if initialised:
+    if _zygote.cuda_initialised():
         raise ConfigError(
             "start_method='fork': CUDA is already initialised in this process, "
             "and a forked child cannot use it (it would crash or hang); use "
@@ -116,7 +121,7 @@ class _Discard:
 def _check_main_importable(method: str, cfg: WorkerConfig) -> None:
     if method == "fork":  # workers inherit __main__ as it is
         return
-    names = _unimportable_main_names(cfg)
+    names = _unimportable_main_names((cfg.source, cfg.worker_init))
     if names:
         raise ConfigError(
             f"the source or worker_init uses {', '.join(names)}, defined in the "
@@ -153,8 +158,85 @@ def _unimportable_main_names(obj: Any) -> list[str]:
     return found
 
 
-# Pools alive in this process, for the fork hook below.
+# Pools alive in this process, for the fork and exit hooks below.
 _live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+# The exit code of a worker that found itself re-running the main script's
+# Prefetcher while multiprocessing started it (no __main__ guard).
+MAIN_REIMPORTED_EXIT = 86
+
+
+def _main_reimported(method: str | None) -> str:
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) or "the main script"
+    who = (
+        "spawn and forkserver workers"
+        if method is None
+        else f"start_method={method!r} workers"
+    )
+    return (
+        f"{who} import the main script ({path}) again, and it creates a Prefetcher at import time, so each worker "
+        "tried to start workers of its own. Put the code that creates and "
+        'iterates the Prefetcher under `if __name__ == "__main__":` (or in a '
+        "function called from there), or use start_method='fork'"
+    )
+
+
+def _check_can_start_workers() -> None:
+    """Refuses, with the cause and the fix, where multiprocessing would
+    fail to start a worker with a bare assertion or RuntimeError."""
+    proc = mp.current_process()
+    if getattr(proc, "_inheriting", False):
+        # multiprocessing is starting this process as a worker (or a fork
+        # server) and re-runs the main script to do so: the script builds
+        # a Prefetcher at import time. Exiting with a known code lets the
+        # consumer name the cause; raising would only print multiprocessing's
+        # RuntimeError here, and the consumer would see exit code 1.
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"fastq: {_main_reimported(None)}\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+        os._exit(MAIN_REIMPORTED_EXIT)
+    if proc.daemon:
+        raise ConfigError(
+            f"this process ({proc.name}, pid {os.getpid()}) is daemonic (a "
+            "multiprocessing.Pool worker, a fastq or DataLoader worker, or a "
+            "Process started with daemon=True), and multiprocessing does not "
+            "let daemonic processes start children, so the Prefetcher cannot "
+            "start its workers. Create the Prefetcher in the main process (or "
+            "in a process started with daemon=False)"
+        )
+
+
+class _ExitHook:
+    """Closes every live pool when the interpreter exits, before
+    multiprocessing's own exit handler SIGTERMs and joins (without a
+    timeout) every daemonic child: a worker that ignores or handles SIGTERM
+    (a trainer's handler inherited under fork, or user code) would hang
+    the exit. atexit runs handlers last-registered first, so this one is
+    registered when the first pool starts, after multiprocessing.util
+    registered its handler on import."""
+
+    installed = False
+
+    def install(self) -> None:
+        if self.installed:
+            return
+        import atexit
+        import multiprocessing.util  # noqa: F401 (its handler must come first)
+
+        atexit.register(self)
+        self.installed = True
+
+    def __call__(self) -> None:
+        for pool in list(_live_pools):
+            # Bounded: GRACE_SECONDS, then SIGKILL. A pool of another
+            # process (inherited through fork) is left alone by close().
+            with contextlib.suppress(Exception):
+                pool.close()
+
+
+_close_pools_at_exit = _ExitHook()
 
 
 def _forget_workers_in_forked_child() -> None:
@@ -188,8 +270,11 @@ class WorkerPool:
     def __init__(
         self, ctx: Any, configs: list[WorkerConfig], ring: Ring | None
     ) -> None:
+        _check_can_start_workers()
+        _close_pools_at_exit.install()
         self._ring = ring
         self._pid = os.getpid()
+        self._method = ctx.get_start_method()
         self.failure: WorkerDied | None = None
         self._closing = False
         self.processes: list[Any] = []
@@ -238,7 +323,7 @@ class WorkerPool:
 
     # ------------------------------------------------ spec from a worker
 
-    def receive_spec(self, timeout: float | None) -> BatchSpec:
+    def receive_spec(self, timeout: float | None) -> Any:
         """Worker 0's spec, inferred from its first batch (which it keeps
         and delivers once the ring exists). Raises what went wrong there:
         the source's own exception as a WorkerError, an empty source, a
@@ -269,25 +354,31 @@ class WorkerPool:
                     assert self.failure is not None
                     raise self.failure
         if kind == "spec":
-            spec: BatchSpec = payload
-            return spec
+            return payload  # a BatchSpec, or a PackedSpec
         if kind == "empty":
-            raise ConfigError(
+            empty = ConfigError(
                 "source() yielded no batch in worker 0, so its spec cannot be "
                 "inferred; pass spec={name: (batch_shape, dtype)}"
             )
+            empty.empty = True  # type: ignore[attr-defined]
+            raise empty
         raise _report.decode(payload).error(
             worker=0, pid=self.processes[0].pid, where="its first batch"
         )
 
     def send_region(
-        self, region: Region, size: int, spec: BatchSpec, ring: Ring
+        self,
+        region: Region,
+        size: int,
+        spec: Any,
+        ring: Ring,
+        plan: PlanLayout | None = None,
     ) -> None:
         """Hands every worker the ring (its descriptor over the worker's
         socket, as multiprocessing passes descriptors) and starts watching."""
         for conn, p in zip(self._channels, self.processes):
             try:
-                conn.send(("region", (size, spec)))
+                conn.send(("region", (size, spec, plan)))
                 reduction.send_handle(conn, region.fd, p.pid)
             except OSError:
                 pass  # it died meanwhile: the watcher reports it
@@ -364,14 +455,31 @@ class WorkerPool:
         p.join(0.1)
         how, hint = _exit_description(p.exitcode)
         held, task, claiming = self._what_it_held(wid)
+        message = f"worker {wid} (pid {p.pid}) {how}{held}{hint}"
+        reason = self._startup_note(wid)
+        if not reason and p.exitcode == MAIN_REIMPORTED_EXIT:
+            reason = _main_reimported(self._method)
+        if reason:
+            message = f"worker {wid} (pid {p.pid}) could not start ({how}): {reason}"
         self.failure = WorkerDied(
-            f"worker {wid} (pid {p.pid}) {how}{held}{hint}",
+            message,
             worker=wid,
             pid=p.pid,
             exitcode=p.exitcode,
             task=task,
             claiming=claiming,
         )
+
+    def _startup_note(self, wid: int) -> str:
+        """Why the worker could not start, if it left that in its stack
+        file (see _worker.STARTUP_NOTE)."""
+        try:
+            data = os.pread(self._stack_fds[wid], 1 << 16, 0)
+        except (OSError, IndexError):
+            return ""
+        if not data.startswith(STARTUP_NOTE):
+            return ""
+        return data[len(STARTUP_NOTE) :].decode(errors="replace")
 
     def _what_it_held(self, wid: int) -> tuple[str, int | None, bool]:
         """From the slot census: (words for the message, the batch it took

@@ -4,6 +4,7 @@ consumer's loop lives in _consumer."""
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import secrets
 import sys
@@ -41,12 +42,60 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def default_workers() -> int:
+    """Usable CPUs shared among the ranks on this node (torchrun's
+    LOCAL_WORLD_SIZE), less one for the training loop, at least 1."""
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(1, _usable_cpus() // local - 1)
+
+
 def _positive_int(name: str, value: Any, fix: str, upper: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    # Any integer type (numpy's included: anything with __index__), not bool.
+    number = _as_int(value)
+    if number is None or number < 1:
         raise ConfigError(f"{name}={value!r}: expected a positive integer; {fix}")
+    value = number
     if upper is not None and value > upper:
         raise ConfigError(f"{name}={value!r}: at most {upper} are supported; {fix}")
     return value
+
+
+def _as_int(value: Any) -> int | None:
+    """value as an int if it is an integer (int, numpy integers: anything
+    with __index__) and not a bool; else None."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+_EMPTY_SOURCE = (
+    "source has no samples (len(source) == 0), so an epoch has no batch; "
+    "check what built the dataset (a path, a filter) and give it samples"
+)
+
+
+def _no_batch_error(sampler: EpochSampler) -> ConfigError:
+    """Why an epoch of a map-style source has no batch, and the fix."""
+    if sampler.n == 0:
+        return ConfigError(_EMPTY_SOURCE)
+    # A non-empty source gives every rank at least one sample unless
+    # drop_last cuts them, and then a batch at least unless drop_last drops it.
+    have = f"len(source)={sampler.n} samples"
+    if sampler.world_size > 1:
+        have += (
+            f" split across world_size={sampler.world_size} ranks leave each "
+            f"rank {sampler.per_rank}"
+        )
+    return ConfigError(
+        f"batch_size={sampler.batch_size} with drop_last=True leaves no batch: "
+        f"{have}, fewer than one batch; lower batch_size or set drop_last=False"
+    )
 
 
 def _env_int(name: str, default: int) -> int:
@@ -71,19 +120,18 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
         else:
             rank = _env_int("RANK", 0) if rank is None else rank
             world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
-    _positive_int("world_size", world_size, "give the number of ranks (>= 1)")
-    if (
-        isinstance(rank, bool)
-        or not isinstance(rank, int)
-        or not 0 <= rank < world_size
-    ):
+    world_size = _positive_int(
+        "world_size", world_size, "give the number of ranks (>= 1)"
+    )
+    number = _as_int(rank)
+    if number is None or not 0 <= number < world_size:
         raise ConfigError(
             f"rank={rank!r}: expected 0 <= rank < world_size={world_size}; pass "
             "the process's rank among world_size ranks (without arguments both "
             "come from torch.distributed or the RANK and WORLD_SIZE environment "
             "variables)"
         )
-    return rank, world_size
+    return number, world_size
 
 
 class Prefetcher:
@@ -174,7 +222,7 @@ class Prefetcher:
             )
         workers = _positive_int(
             "workers",
-            max(1, _usable_cpus() - 1) if workers is None else workers,
+            default_workers() if workers is None else workers,
             "use workers=1 or more",
             MAX_WORKERS,
         )
@@ -195,7 +243,9 @@ class Prefetcher:
                 f"worker_init={worker_init!r}: expected a callable taking the worker id"
             )
         if worker_threads is not None:
-            _positive_int("worker_threads", worker_threads, "or None to leave them")
+            worker_threads = _positive_int(
+                "worker_threads", worker_threads, "or None to leave them"
+            )
         rank, world_size = _resolve_ranks(rank, world_size)
         if seed is None:
             seed = 0 if world_size > 1 else secrets.randbits(63)
@@ -217,11 +267,7 @@ class Prefetcher:
                 world_size=world_size,
             )
             if self._sampler.batches_per_epoch == 0:
-                raise ConfigError(
-                    f"batch_size={batch_size} with drop_last=True leaves no batch: "
-                    f"each rank has {self._sampler.per_rank} samples; lower "
-                    "batch_size or set drop_last=False"
-                )
+                raise _no_batch_error(self._sampler)
         else:
             if batch_size is not None:
                 raise ConfigError(
@@ -318,9 +364,7 @@ class Prefetcher:
         if spec is not None:
             return BatchSpec.from_user(spec, rows)
         if len(source) == 0:
-            raise ConfigError(
-                "source has no samples (len(source) == 0); there is nothing to prefetch"
-            )
+            raise ConfigError(_EMPTY_SOURCE)
         return BatchSpec.from_sample(source[0], rows)
 
     @staticmethod
@@ -387,7 +431,13 @@ class Prefetcher:
         self._closed = True
         feed = getattr(self, "_feed", None)
         if feed is not None:
-            feed.live += 1  # every open `for` loop ends
+            # Every open `for` loop ends; the current one with an error, so
+            # that a close() from another thread cannot pass for an end.
+            feed.close_loops(
+                "the Prefetcher was closed while this loop was running (by "
+                "another thread, or by close() in the loop); create a new one "
+                "to go on"
+            )
         self._teardown()
 
     def _teardown(self) -> None:
@@ -403,6 +453,16 @@ class Prefetcher:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def __reduce__(self) -> Any:
+        # Its workers, ring and batches belong to this process: a copy
+        # elsewhere could only take that process's batches or leak them.
+        raise TypeError(
+            f"a {type(self).__name__} cannot be pickled or sent to another "
+            "process (its workers, shared ring and batches belong to the "
+            "process that created it). Send the dataset (and the arguments) "
+            "instead and create the Prefetcher in the process that iterates it"
+        )
 
     def __del__(self) -> None:
         if getattr(self, "_closed", True) or os.getpid() != getattr(self, "_pid", -1):

@@ -3,8 +3,10 @@ worker_init, then produce batches straight into slots until closed."""
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -17,6 +19,8 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _report
+from ._packing import Arena, Codec, PackedSpec, measure, pack
+from ._plan import Plan, PlanLayout, PlanTable
 from ._ring import SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
 from ._rows import RowWriter, copy_rows
 from ._sampler import EpochSampler
@@ -28,6 +32,10 @@ from ._worker_info import WorkerInfo, _set_worker_info
 from .errors import SpecError
 
 _PR_SET_PDEATHSIG = 1
+# WorkerConfig fields that hold user objects.
+_USER_FIELDS = ("source", "worker_init")
+# Starts what a worker that cannot start writes into its stack file.
+STARTUP_NOTE = b"fastq: cannot start\n"
 # Header value for "the failure was not at one sample" (a whole-batch call).
 _UNKNOWN_SAMPLE = 0xFFFFFFFF
 _NOTHING = object()
@@ -56,6 +64,58 @@ class WorkerConfig:
     death_signal: bool  # the consumer's main thread started us: PDEATHSIG is exact
     stack_file: SharedFd | None = None  # where SIGUSR1 dumps the Python stack
     channel: Any = None  # without a region: a Connection to the consumer
+    # Planned sources (the consumer runs the sampler): where the plans lie
+    # (sent with the region), task 0's plan for worker 0 to infer the spec
+    # from, and the most indices a plan holds (to size slots from batch 0).
+    plan: PlanLayout | None = None
+    first_plan: Plan | None = None
+    max_rows: int = 0
+    # Packed slots (fastq._packing): the source is a PackedSource.
+    packed: bool = False
+
+    # The user's objects travel pickled apart, inside this config's pickle
+    # (spawn, forkserver): a worker that cannot rebuild them leaves the
+    # reason where the consumer reads it, instead of dying with it on
+    # stderr only.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in _USER_FIELDS:
+            # ForkingPickler, while the start method pickles this config:
+            # descriptors inside the object still reach the worker.
+            state[name] = bytes(reduction.ForkingPickler.dumps(state[name]))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        for name in _USER_FIELDS:
+            try:
+                setattr(self, name, pickle.loads(state[name]))
+            except Exception as exc:
+                _leave_startup_note(self.stack_file, name, exc)
+                raise
+
+
+def _leave_startup_note(
+    stack_file: SharedFd | None, name: str, exc: BaseException
+) -> None:
+    """Tells the consumer, through the worker's stack file, that it could
+    not rebuild the user object in field `name`, and why."""
+    if stack_file is None:
+        return
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # a __str__ that fails too
+        text = type(exc).__name__
+    what = "the source" if name == "source" else name
+    note = (
+        f"it could not unpickle {what} ({text}). Spawn and forkserver workers "
+        "rebuild it in a fresh interpreter: every class it uses must be "
+        "importable there (defined in a module on sys.path, not only in the "
+        "consumer), and its __setstate__ must work there; or pass "
+        "start_method='fork'"
+    )
+    with contextlib.suppress(OSError):
+        os.pwrite(stack_file.fd, STARTUP_NOTE + note.encode(errors="replace"), 0)
 
 
 def worker_main(cfg: WorkerConfig) -> None:
@@ -74,6 +134,8 @@ def worker_main(cfg: WorkerConfig) -> None:
     )
     _set_worker_info(info)
     _seed_globals(cfg.seed, cfg.worker_id)
+    if cfg.packed:
+        cfg.source.start_worker(info)
     init_error: Exception | None = None
     try:
         if cfg.worker_init is not None:
@@ -87,33 +149,49 @@ def worker_main(cfg: WorkerConfig) -> None:
             if init_error is not None:
                 cfg.channel.send(("error", _report.encode(init_error, _REPORT_LIMIT)))
                 return
-            first = _first_batch(cfg)
+            first = _first_batch(cfg, info)
             if first is None:
                 return
         if not _receive_region(cfg):
             return
     assert cfg.region is not None
-    ring = Ring.attach(Region.attach(cfg.region, cfg.region_size).mapping)
+    region = Region.attach(cfg.region, cfg.region_size)
+    ring = Ring.attach(region.mapping)
     ring.set_worker_pid(cfg.worker_id, os.getpid())
     producer = _Producer(ring, cfg, info)
     if init_error is not None:
         producer.report_and_stop(init_error)
         return
-    if cfg.is_map:
+    if cfg.plan is not None:
+        producer.run_planned(PlanTable(ring, region.mapping, cfg.plan), first)
+    elif cfg.is_map:
         producer.run_map()
     else:
         producer.run_callable(first)
 
 
-def _first_batch(cfg: WorkerConfig) -> tuple[Iterator[Any], Any] | None:
-    """Worker 0 of a callable source without a spec: makes its first batch
-    here, in the worker (never in the consumer), and sends the consumer the
-    spec inferred from it. The batch is kept and delivered first."""
+def _first_batch(cfg: WorkerConfig, info: WorkerInfo) -> tuple[Iterator[Any], Any] | None:
+    """Worker 0 of a source without a spec: makes its first batch here, in
+    the worker (never in the consumer), and sends the consumer the spec
+    inferred from it. The batch is kept and delivered first (a planned
+    source's is task 0; the returned iterator is then empty)."""
     conn = cfg.channel
     try:
-        it = iter(cfg.source())
-        batch = next(it)
-        spec = BatchSpec.from_batch(batch)
+        if cfg.first_plan is not None:
+            plan = cfg.first_plan
+            info._start_task(plan.epoch, plan.task)
+            _seed_batch(cfg, plan)
+            it: Iterator[Any] = iter(())
+            batch = cfg.source.make(plan.indices)
+            scale = cfg.max_rows / max(1, len(plan.indices))
+        else:
+            it = iter(cfg.source())
+            batch = next(it)
+            scale = 1.0
+        if cfg.packed:
+            spec: Any = PackedSpec.sized(*measure(batch, cfg.source.codec), scale)
+        else:
+            spec = BatchSpec.from_batch(batch)
     except StopIteration:
         conn.send(("empty", None))
         return None
@@ -124,22 +202,31 @@ def _first_batch(cfg: WorkerConfig) -> tuple[Iterator[Any], Any] | None:
     return it, batch
 
 
+def _seed_batch(cfg: WorkerConfig, plan: Plan) -> None:
+    """Every generator from (seed, epoch, batch): the batch's randomness does
+    not depend on which worker makes it, or how many there are."""
+    seed_python_and_numpy(cfg.seed, plan.epoch, plan.batch)
+    if cfg.packed:
+        cfg.source.reseed(mix_seed(cfg.seed, plan.epoch, plan.batch))
+
+
 def _receive_region(cfg: WorkerConfig) -> bool:
     """Waits for the ring the consumer makes once the spec is known; False
     if it closed instead."""
     conn = cfg.channel
     try:
-        kind, (size, spec) = conn.recv()
+        kind, (size, spec, plan) = conn.recv()
         fd = reduction.recv_handle(conn)
     except (EOFError, OSError):
         return False
     finally:
         conn.close()
-    cfg.region, cfg.region_size, cfg.spec = SharedFd(fd), size, spec
+    cfg.region, cfg.region_size, cfg.spec, cfg.plan = SharedFd(fd), size, spec, plan
     return bool(kind == "region")
 
 
 def _isolate_from_terminal(stack_file: SharedFd | None) -> None:
+    _reset_signals()
     # Ctrl+C goes to the whole process group; the consumer alone handles it
     # and tears the workers down, so they must not print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -152,6 +239,35 @@ def _isolate_from_terminal(stack_file: SharedFd | None) -> None:
 
 
 _stack_file: Any = None  # kept open for faulthandler's lifetime
+
+# What a fresh interpreter ignores; every other catchable signal starts at
+# its default action.
+_IGNORED_AT_START = {
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)
+}
+
+
+def _reset_signals() -> None:
+    """Gives the worker a fresh process's signals. Under fork it inherits
+    the parent's handlers (a trainer's SIGTERM handler would keep it alive
+    through every SIGTERM), its blocked mask (spawn too, across exec) and
+    its wakeup fd (an event loop's, which would hear our signals). A
+    handler whose Python view is already the default is left: it may be
+    faulthandler's, installed beneath Python."""
+    # SIGINT stays ignored throughout (see _isolate_from_terminal).
+    skip = {getattr(signal, n, None) for n in ("SIGKILL", "SIGSTOP", "SIGINT")}
+    for sig in signal.valid_signals():
+        if sig in skip:
+            continue
+        target = signal.SIG_IGN if sig in _IGNORED_AT_START else signal.SIG_DFL
+        try:
+            if signal.getsignal(sig) != target:
+                signal.signal(sig, target)
+        except (OSError, ValueError):  # reserved by the C library (32, 33)
+            pass
+    signal.set_wakeup_fd(-1)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 def _die_with_consumer(consumer_pid: int, death_signal: bool) -> None:
@@ -233,6 +349,12 @@ class _Producer:
         self.info = info
         self.spec = cfg.spec
         self.wid = cfg.worker_id
+        # Every slot's bytes, for packed batches.
+        self.slots = [
+            np.frombuffer(ring.slot_view(s), dtype=np.uint8) for s in range(ring.nslots)
+        ]
+        if cfg.packed:
+            return
         # Full-capacity arrays over every slot, built once: writes go
         # straight into shared memory with no per-batch setup.
         self.views = [
@@ -267,10 +389,18 @@ class _Producer:
 
     def report_and_stop(self, exc: BaseException) -> None:
         """Reports a failure outside any batch (worker_init), then idles
-        until the consumer closes the ring."""
-        slot, _, _ = self._take_slot()
-        if slot >= 0:
-            self._report(slot, exc, 0)
+        until the consumer closes the ring. A callable source's worker
+        reports it again in each new pass: a pass that a `break` abandoned
+        before the report must not leave the next one waiting for this
+        worker's end of stream."""
+        while True:
+            slot, _, _ = self._take_slot()
+            if slot < 0:
+                return
+            pass_ = self.ring.pass_
+            self._report(slot, exc, 0, pass_)
+            if self.cfg.is_map or not self._wait_for_next_pass(pass_):
+                break
         self._idle_until_closed()
 
     def _idle_until_closed(self) -> None:
@@ -326,6 +456,61 @@ class _Producer:
             if not self.ring.publish(slot, SLOT_BATCH, len(indices), 0, self.wid):
                 return
 
+    # ------------------------------------------------------------- planned
+
+    def run_planned(
+        self, plans: PlanTable, first: tuple[Iterator[Any], Any] | None
+    ) -> None:
+        """Tasks whose indices the consumer planned (it runs the sampler);
+        `first`: worker 0's batch 0, made before the ring existed."""
+        source = self.cfg.source
+        codec: Codec = source.codec
+        slots = self.slots
+        held = _NOTHING if first is None else first[1]
+        while True:
+            t0w = time.perf_counter_ns()
+            slot = self.ring.pop_free(self.wid)
+            if slot < 0:
+                return
+            if held is not _NOTHING:
+                task = 0  # the consumer started the task counter at 1
+                self.ring.record_task(slot, task)
+            else:
+                task = self.ring.claim_task(slot)
+            wait_ns = time.perf_counter_ns() - t0w
+            plan = plans.read(task)
+            if plan is None:
+                if self.ring.closed:
+                    return
+                # An abandoned epoch's task whose plan was reused: publish
+                # it empty, the consumer drops it.
+                if not self.ring.publish(slot, SLOT_BATCH, 0, 0, self.wid):
+                    return
+                continue
+            t0 = time.perf_counter_ns()
+            source.position = -1
+            try:
+                arena = source.arena = Arena(slots[slot])
+                if held is not _NOTHING:
+                    batch, held = held, _NOTHING
+                else:
+                    self.info._start_task(plan.epoch, plan.task)
+                    _seed_batch(self.cfg, plan)
+                    batch = source.make(plan.indices)
+                used, record = pack(batch, slots[slot], codec, arena)
+                del batch
+            except Exception as exc:
+                pos = source.position
+                self._report(slot, exc, _UNKNOWN_SAMPLE if pos < 0 else pos)
+                continue
+            finally:
+                source.arena = None
+            self.ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
+            if not self.ring.publish(
+                slot, SLOT_BATCH, used, 0, self.wid, 0, record
+            ):
+                return
+
     # ------------------------------------------------------------- callable
 
     def run_callable(self, first: tuple[Iterator[Any], Any] | None) -> None:
@@ -352,7 +537,7 @@ class _Producer:
                     batch, held = held, _NOTHING
                 else:
                     batch = next(it)
-                rows = self._write_batch(batch, self.views[slot])
+                rows, record = self._write_batch(batch, slot)
             except StopIteration:
                 if not ring.publish(slot, SLOT_END, 0, pass_, self.wid):
                     return
@@ -362,10 +547,19 @@ class _Producer:
                 continue
             except Exception as exc:
                 self._report(slot, exc, 0, pass_)
-                self._idle_until_closed()
-                return
+                if self.cfg.packed:
+                    # A DataLoader's meaning: the error ends this batch, and
+                    # the worker's iterator goes on (or ends) after it.
+                    continue
+                # The error ends this worker's pass. A loop that stopped
+                # before reaching it (a `break`) starts another pass: join
+                # it with a fresh iterator, as after an end of stream.
+                if not self._wait_for_next_pass(pass_):
+                    return
+                it = None
+                continue
             ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
-            if not ring.publish(slot, SLOT_BATCH, rows, pass_, self.wid):
+            if not ring.publish(slot, SLOT_BATCH, rows, pass_, self.wid, 0, record):
                 return
 
     def _wait_for_next_pass(self, pass_: int) -> bool:
@@ -379,8 +573,13 @@ class _Producer:
                 return True
             ring.wait_control(seen, 1.0)
 
-    def _write_batch(self, batch: Any, views: list[np.ndarray[Any, Any]]) -> int:
+    def _write_batch(self, batch: Any, slot: int) -> tuple[int, int]:
+        """Writes a whole batch into slot: (rows, or a packed batch's arena
+        bytes; a packed batch's record bytes)."""
+        if self.cfg.packed:
+            # Not made into the slot (the iterator ran before it was known).
+            return pack(batch, self.slots[slot], self.cfg.source.codec)
         rows, arrays = self.spec.batch_arrays(batch)
-        for view, arr in zip(views, arrays):
+        for view, arr in zip(self.views[slot], arrays):
             copy_rows(view, arr, rows)
-        return rows
+        return rows, 0

@@ -202,6 +202,60 @@ cdef class Ring:
         self._check_slot(slot)
         return fq_claim_task(&self.ring, slot)
 
+    def record_task(self, uint32_t slot, uint64_t task):
+        """Records `task` in the census of `slot` (which the caller holds)
+        without claiming: a batch this worker made before the ring existed."""
+        self._check_slot(slot)
+        fq_record_task(&self.ring, slot, task)
+
+    # ------------------------------------------------------- planned tasks
+
+    @property
+    def planned(self):
+        """Tasks below this number have a plan (planned sources)."""
+        return fq_planned(&self.ring)
+
+    def set_planned(self, uint64_t planned):
+        """Raises the planned count and wakes workers waiting for a plan."""
+        fq_set_planned(&self.ring, planned)
+
+    def wait_planned(self, uint64_t task):
+        """A worker waits until `task` is planned: True, or False once the
+        ring is closed. Slices of WAIT_SLICE_NS let signals through."""
+        cdef int rc
+        while True:
+            with nogil:
+                rc = fq_wait_planned(&self.ring, task, WAIT_SLICE_NS)
+            if rc == FQ_OK:
+                return True
+            if rc == FQ_CLOSED:
+                return False
+            if rc == FQ_EINTR or rc == FQ_TIMEOUT:
+                PyErr_CheckSignals()
+                continue
+            check(rc)
+
+    cdef void *_plan_entry(self, uint64_t offset, uint64_t nbytes) except NULL:
+        if offset % 8 or offset + nbytes > <uint64_t>self.buf.len:
+            raise ValueError(f"plan entry at {offset} lies outside the region")
+        return <void *>(<char *>self.buf.buf + offset)
+
+    def plan_begin_write(self, uint64_t offset):
+        """Seqlock of the plan entry at `offset`: clears its task word."""
+        fq_plan_begin_write(self._plan_entry(offset, 8))
+
+    def plan_end_write(self, uint64_t offset, uint64_t task):
+        """Publishes the entry for `task` (release)."""
+        fq_plan_end_write(self._plan_entry(offset, 8), task)
+
+    def plan_task(self, uint64_t offset):
+        """The entry's task word (acquire); NO_TASK while being written."""
+        return fq_plan_task(self._plan_entry(offset, 8))
+
+    def plan_recheck(self, uint64_t offset):
+        """The entry's task word again, after the caller copied its data."""
+        return fq_plan_recheck(self._plan_entry(offset, 8))
+
     def publish(self, uint32_t slot, uint32_t kind, uint64_t rows,
                 uint32_t pass_, uint32_t worker, uint32_t sample=0,
                 uint64_t payload_bytes=0):

@@ -185,6 +185,8 @@ int fq_init(void *base, uint64_t len, const fq_geometry *g, fq_ring *out) {
     atomic_init(&c->alert, 0);
     atomic_init(&c->control, 0);
     atomic_init(&c->pass, 0);
+    atomic_init(&c->plan_waiters, 0);
+    atomic_init(&c->planned, 0);
     atomic_init(&c->next_task, 0);
     for (uint32_t s = 0; s < c->nslots; s++) {
         atomic_init(&out->headers[s].task, FQ_NO_TASK);
@@ -522,6 +524,73 @@ void fq_set_pass(fq_ring *r, uint32_t pass) {
 }
 
 uint32_t fq_get_pass(const fq_ring *r) { return atomic_load(&r->ctrl->pass); }
+
+void fq_record_task(fq_ring *r, uint32_t slot, uint64_t task) {
+    fault_check(FQ_FAULT_CLAIM);
+    /* relaxed, as in fq_claim_task. */
+    atomic_store_explicit(&r->headers[slot].task, task, memory_order_relaxed);
+}
+
+void fq_set_planned(fq_ring *r, uint64_t planned) {
+    fq_ctrl *c = r->ctrl;
+    uint64_t cur = atomic_load(&c->planned);
+    while (cur < planned &&
+           !atomic_compare_exchange_weak(&c->planned, &cur, planned)) {
+    }
+    /* seq_cst, after the seq_cst raise: pairs with a waiter's increment. */
+    if (atomic_load(&c->plan_waiters) > 0) {
+        atomic_fetch_add(&c->control, 1);
+        wake_word(&c->control, 0x7fffffff);
+    }
+}
+
+uint64_t fq_planned(const fq_ring *r) { return atomic_load(&r->ctrl->planned); }
+
+int fq_wait_planned(fq_ring *r, uint64_t task, int64_t timeout_ns) {
+    fq_ctrl *c = r->ctrl;
+    if (atomic_load(&c->planned) > task) return FQ_OK;
+    atomic_fetch_add(&c->plan_waiters, 1);
+    uint32_t key = atomic_load(&c->control);
+    atomic_thread_fence(memory_order_seq_cst);
+    int rc;
+    if (atomic_load(&c->planned) > task) {
+        rc = FQ_OK;
+    } else if (atomic_load(&c->closed)) {
+        rc = FQ_CLOSED;
+    } else {
+        rc = wait_word(&c->control, key, timeout_ns);
+        if (atomic_load(&c->closed)) {
+            rc = FQ_CLOSED;
+        } else if (atomic_load(&c->planned) > task) {
+            rc = FQ_OK;
+        } else if (rc == FQ_OK) {
+            rc = FQ_TIMEOUT; /* woken for something else: the caller retries */
+        }
+    }
+    atomic_fetch_sub(&c->plan_waiters, 1);
+    return rc;
+}
+
+void fq_plan_begin_write(void *entry) {
+    atomic_store_explicit((_Atomic uint64_t *)entry, FQ_NO_TASK,
+                          memory_order_relaxed);
+    /* The clear is visible before any index written after it. */
+    atomic_thread_fence(memory_order_release);
+}
+
+void fq_plan_end_write(void *entry, uint64_t task) {
+    atomic_store_explicit((_Atomic uint64_t *)entry, task, memory_order_release);
+}
+
+uint64_t fq_plan_task(const void *entry) {
+    return atomic_load_explicit((_Atomic uint64_t *)entry, memory_order_acquire);
+}
+
+uint64_t fq_plan_recheck(const void *entry) {
+    /* The copied indices are read before this load. */
+    atomic_thread_fence(memory_order_acquire);
+    return atomic_load_explicit((_Atomic uint64_t *)entry, memory_order_relaxed);
+}
 
 uint32_t fq_control(const fq_ring *r) { return atomic_load(&r->ctrl->control); }
 

@@ -97,8 +97,23 @@
  *            READY waiters abort so the consumer can look at what happened
  *            (a death is fatal to the ring, so it is never cleared).
  *   control: event count bumped when the consumer starts a new pass over a
- *            callable source (pass), or closes; workers between passes wait
- *            on it.
+ *            callable source (pass), raises `planned` while a worker waits
+ *            for a plan, or closes; workers between passes wait on it.
+ *
+ * Planned sources (a sampler the consumer runs, as DataLoader does): the
+ * consumer writes task t's plan (its sample indices, in the region's plan
+ * area outside this block) and then raises `planned` past t. A worker that
+ * claimed t reads the plan once planned > t:
+ *   planned: seq_cst store by the consumer, then a seq_cst load of
+ *            plan_waiters; a waiter increments plan_waiters (seq_cst) and
+ *            reads `control` before re-reading `planned`. The same Dekker
+ *            pair as the queues: a raise is never missed, and no system call
+ *            happens unless a worker sleeps.
+ *   A plan entry is reused for task t + K once t is done; an abandoned
+ *   epoch's task still in flight may find its entry reused, so entries are
+ *   a seqlock (fq_plan_*): the entry's task word is cleared before and set
+ *   (release) after the indices are written, and a reader re-checks it
+ *   after copying them (acquire fence).
  *
 * A process that dies inside a push or pop leaves its cell half-written and
  * the queue stuck at that position. fastq treats any worker death as fatal
@@ -124,7 +139,7 @@ extern "C" {
 #endif
 
 #define FQ_MAGIC 0x66617374715f7231ULL /* "fastq_r1" */
-#define FQ_VERSION 2u
+#define FQ_VERSION 3u
 #define FQ_CACHE_LINE 64
 #define FQ_MAX_SLOTS (1u << 20)
 #define FQ_MAX_WORKERS 4096u
@@ -220,6 +235,8 @@ typedef struct fq_ctrl {
     _Atomic uint32_t alert;   /* sticky: set by the consumer's death watcher */
     _Atomic uint32_t control; /* event count: new pass or close */
     _Atomic uint32_t pass;    /* current pass over a callable source */
+    _Atomic uint32_t plan_waiters; /* workers waiting for a task's plan */
+    _Atomic uint64_t planned; /* planned sources: tasks below it have a plan */
     alignas(FQ_CACHE_LINE) _Atomic uint64_t next_task; /* fetch_add by workers */
 
     fq_queue queues[2]; /* FQ_FREE, FQ_READY */
@@ -333,6 +350,25 @@ void fq_alert(fq_ring *r);
 /* Starts pass `pass` for callable sources and wakes workers between passes. */
 void fq_set_pass(fq_ring *r, uint32_t pass);
 uint32_t fq_get_pass(const fq_ring *r);
+
+/* Records `task` in the census of the slot the caller holds, without
+ * claiming: a task handed to this worker by other means (the first batch
+ * of a source whose spec a worker inferred before the ring existed). */
+void fq_record_task(fq_ring *r, uint32_t slot, uint64_t task);
+
+/* Planned sources: raises the count of planned tasks (never lowers it) and
+ * wakes workers waiting for a plan; fq_wait_planned sleeps until task is
+ * planned (FQ_OK), the ring closes (FQ_CLOSED), or timeout_ns / a signal
+ * ends the slice (FQ_TIMEOUT, FQ_EINTR). */
+void fq_set_planned(fq_ring *r, uint64_t planned);
+uint64_t fq_planned(const fq_ring *r);
+int fq_wait_planned(fq_ring *r, uint64_t task, int64_t timeout_ns);
+
+/* Plan entries as a seqlock over their first word (see above). */
+void fq_plan_begin_write(void *entry);
+void fq_plan_end_write(void *entry, uint64_t task);
+uint64_t fq_plan_task(const void *entry);
+uint64_t fq_plan_recheck(const void *entry);
 
 /* Sleeps while ctrl.control equals `seen`, for at most timeout_ns. Returns
  * FQ_CLOSED, FQ_TIMEOUT, FQ_EINTR, or FQ_OK when woken (control has

@@ -1,0 +1,323 @@
+"""The engine behind a DataLoader: packed slots (batches of any structure)
+from a dataset whose batches the consumer plans by running a sampler, as
+DataLoader's main process does, or from an iterable dataset each worker
+runs. Lifecycle, stats and the wait for a batch are the Prefetcher's."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from ._consumer import Feed, _PassIterator
+from ._packing import Codec, PackedSpec, unpack
+from ._plan import Plan, PlanLayout, PlanTable
+from ._pool import WorkerPool
+from ._prefetcher import _SPIN_NS, Prefetcher
+from ._ring import MAX_SLOTS, Ring, SlotLease, region_size
+from ._shm import PAGE_SIZE, Region
+from ._worker import WorkerConfig
+from ._worker_info import WorkerInfo
+from .errors import ConfigError
+
+
+class PackedSource(Protocol):
+    """What a worker runs for a packed source (pickled into each worker).
+
+    ``start_worker`` runs once in each worker before ``worker_init``;
+    ``reseed(seed)`` before each planned batch; ``make(indices)`` makes a
+    planned batch, with ``position`` naming the index being made (-1: none
+    in particular); ``__call__()`` returns an iterator of batches for an
+    iterable source. ``codec`` lays the batch's leaves into the slot."""
+
+    codec: Codec
+    position: int
+
+    def start_worker(self, info: WorkerInfo) -> None: ...
+    def reseed(self, seed: int) -> None: ...
+    def make(self, indices: Sequence[Any]) -> Any: ...
+    def __call__(self) -> Iterator[Any]: ...
+
+
+class PlannedPrefetcher(Prefetcher):
+    """Workers, ring and plan table for one DataLoader. Iterating it runs
+    one epoch of ``batches`` (an iterator of index lists from the sampler,
+    given to ``begin_epoch``), or one pass over an iterable source.
+
+    Slots are sized from worker 0's first batch (task 0 of the first epoch,
+    never made in this process), scaled to ``max_rows`` indices, unless
+    ``slot_bytes`` is given.
+    """
+
+    def __init__(
+        self,
+        source: PackedSource,
+        *,
+        ctx: Any,
+        workers: int,
+        slots: int,
+        seed: int,
+        first: Iterator[Sequence[Any]] | None,
+        epoch: int,
+        max_rows: int,
+        ordered: bool,
+        timeout: float | None,
+        worker_init: Callable[[int], Any] | None,
+        worker_threads: int | None,
+        slot_bytes: int | None,
+        rank: int,
+        world_size: int,
+        make_batch: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self._pid = os.getpid()
+        self._closed = True
+        self._pool: WorkerPool | None = None
+        self._region: Region | None = None
+        self._sampler = None
+        self._is_map = first is not None
+        self._codec = source.codec
+        self._convert = make_batch
+        self.ordered = ordered
+        self.copy = False
+        self.timeout = timeout
+        self.workers = workers
+        self.slots = slots
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        # The plan: index lists taken from the sampler but not yet written.
+        self._ahead: deque[Sequence[Any]] = deque()
+        self._epoch_batches: Iterator[Sequence[Any]] | None = first
+        self._exhausted = False  # the epoch's sampler has run out
+        self._entries = max(2 * (slots + 1), 8)
+        first_plan = None
+        if first is not None:
+            self._take_ahead(self._entries)
+            if not self._ahead:
+                raise ValueError("an empty epoch needs no workers")
+            max_rows = max(max_rows, *(len(b) for b in self._ahead))
+            first_plan = Plan(0, epoch, 0, list(self._ahead[0]))
+        self.max_rows = max_rows
+
+        configs = [
+            WorkerConfig(
+                worker_id=w,
+                num_workers=workers,
+                source=source,
+                is_map=first is not None,
+                spec=None,
+                sampler=None,
+                seed=seed,
+                rank=rank,
+                world_size=world_size,
+                worker_init=worker_init,
+                region=None,
+                region_size=0,
+                consumer_pid=self._pid,
+                threads=worker_threads,
+                death_signal=_in_main_thread(),
+                first_plan=first_plan if w == 0 else None,
+                max_rows=max_rows,
+                packed=True,
+            )
+            for w in range(workers)
+        ]
+        try:
+            self._pool = WorkerPool(ctx, configs, None)
+            spec: PackedSpec = self._pool.receive_spec(timeout)
+            if slot_bytes is not None:
+                spec = PackedSpec(slot_bytes)
+            self._spec = spec  # type: ignore[assignment]
+            ring_slots = min(slots + 1, MAX_SLOTS)
+            ring_bytes = region_size(ring_slots, workers, spec.slot_bytes, PAGE_SIZE)
+            plan = None
+            size = ring_bytes
+            if first is not None:
+                plan = PlanLayout.for_batches(ring_bytes, self._entries, max_rows)
+                size += plan.nbytes
+            self._region = Region.create(size)
+            self._ring = Ring.create(
+                self._region.mapping,
+                ring_slots,
+                workers,
+                spec.slot_bytes,
+                PAGE_SIZE,
+                _SPIN_NS,
+            )
+            self._plans: PlanTable | None = None
+            self._planned_indices: dict[int, Sequence[Any]] = {}
+            if plan is not None:
+                self._plans = PlanTable(self._ring, self._region.mapping, plan)
+                # Task 0 is worker 0's, made already; the others claim on.
+                self._ring.skip_tasks_to(1)
+            self._feed = Feed(
+                self._ring,
+                self._pool,
+                self._spec,  # type: ignore[arg-type]
+                None,
+                ordered=ordered,
+                timeout=timeout,
+                copy=False,
+                spin_s=_SPIN_NS / 1e9,
+                host=weakref.proxy(self),
+                fatal_errors=False,
+                indices_of=self._planned_indices.get,
+            )
+            self._planned = 0  # next task to plan
+            self._epoch = epoch
+            self._epoch_start = 0
+            self._epoch_count = 0  # batches planned in this epoch
+            self._first_epoch_pending = first is not None
+            if first is not None:
+                self._fill()
+            self._pool.send_region(self._region, size, spec, self._ring, plan)
+        except BaseException:
+            self._teardown()
+            raise
+        self._closed = False
+
+    # ------------------------------------------------------------ planning
+
+    def _take_ahead(self, n: int) -> None:
+        it = self._epoch_batches
+        while it is not None and len(self._ahead) < n:
+            try:
+                self._ahead.append(next(it))
+            except StopIteration:
+                self._epoch_batches = None
+                self._exhausted = True
+                return
+
+    def _fill(self) -> None:
+        """Plans the epoch's next batches, as far as the table allows: task
+        t only once task t - entries is done with (handed out or dropped)."""
+        plans = self._plans
+        assert plans is not None
+        limit = self._feed.consumer.next_task + self._entries
+        if not self.ordered and self._planned_indices:
+            limit = min(self._planned_indices) + self._entries
+        task = self._planned
+        while task < limit:
+            if not self._ahead:
+                self._take_ahead(1)
+                if not self._ahead:
+                    break
+            indices = self._ahead.popleft()
+            if len(indices) > self.max_rows:
+                self._fail(
+                    ConfigError(
+                        f"the sampler's batch {self._epoch_count} of epoch "
+                        f"{self._epoch} has {len(indices)} indices, more than "
+                        f"the {self.max_rows} slots were sized for (the "
+                        "largest of the first batches it gave); pass "
+                        f"max_batch_size={len(indices)} or more"
+                    )
+                )
+            plans.write(task, self._epoch, self._epoch_count, indices)
+            self._planned_indices[task] = indices
+            self._epoch_count += 1
+            task += 1
+        if task != self._planned:
+            self._planned = task
+            self._ring.set_planned(task)
+
+    def begin_epoch(
+        self, batches: Iterator[Sequence[Any]], epoch: int
+    ) -> Iterator[Any]:
+        """One epoch over ``batches`` (the sampler's index lists)."""
+        self._check_open()
+        feed = self._feed
+        feed.live += 1
+        c = feed.consumer
+        if self._first_epoch_pending:
+            # The constructor planned this epoch's start already.
+            self._first_epoch_pending = False
+        else:
+            start = self._planned
+            # Tasks claimed past the plan wait for this epoch's plans; the
+            # abandoned epoch's unclaimed ones are skipped, and whatever of
+            # it is in flight is dropped when it arrives.
+            self._ring.skip_tasks_to(start)
+            c.pending = -1
+            c.next_task = start
+            c.drop_below(start)
+            self._planned_indices.clear()
+            self._ahead.clear()
+            self._epoch_batches = batches
+            self._exhausted = False
+            self._epoch = epoch
+            self._epoch_start = start
+            self._epoch_count = 0
+            self._fill()
+        return _PlannedEpochIterator(self, feed.live, c.handed)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._check_open()
+        if self._is_map:
+            raise TypeError("a planned source is iterated with begin_epoch()")
+        return self._feed.begin_pass()
+
+    def __len__(self) -> int:
+        raise TypeError("a DataLoader's engine has no len(); ask the DataLoader")
+
+    def __del__(self) -> None:
+        # Owned by a DataLoader, which users never close: no warning.
+        if not getattr(self, "_closed", True) and os.getpid() == self._pid:
+            with contextlib.suppress(Exception):
+                self.close()
+
+    # ------------------------------------------------------------- batches
+
+    def _unpack(self, lease: SlotLease) -> Any:
+        slot = np.frombuffer(lease, dtype=np.uint8)
+        batch = unpack(slot, lease.payload_bytes, self._codec)
+        return batch if self._convert is None else self._convert(batch)
+
+
+class _PlannedEpochIterator:
+    """One epoch of planned batches. Like _EpochIterator, usable after an
+    exception inside ``__next__``; a worker's exception ends its batch,
+    not the epoch."""
+
+    __slots__ = ("_engine", "_handed0", "_token")
+
+    def __init__(self, engine: PlannedPrefetcher, token: int, handed0: int) -> None:
+        self._engine = engine
+        self._token = token
+        self._handed0 = handed0
+
+    def __iter__(self) -> _PlannedEpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        engine = self._engine
+        feed = engine._feed
+        if self._token != feed.live:
+            raise StopIteration
+        engine._fill()
+        c = feed.consumer
+        if c.handed - self._handed0 >= engine._epoch_count and engine._exhausted:
+            raise StopIteration
+        lo = engine._epoch_start
+        lease = feed.next_lease(lo, engine._planned)
+        task = lease.task
+        try:
+            batch = feed.hand_out(lease)
+        finally:
+            engine._planned_indices.pop(task, None)
+        c.pending = -1  # handed out: an attribute store, then straight out
+        return batch
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+__all__ = ["PackedSource", "PlannedPrefetcher", "_PassIterator"]

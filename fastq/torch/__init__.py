@@ -1,0 +1,20 @@
+"""PyTorch interop. ``from fastq.torch import DataLoader`` is the one-line
+migration from torch's DataLoader; TorchPrefetcher is the fastq-first
+spelling (tensors over the ring's slots, a page-locked ring, copies to the
+GPU on a side stream); IterableDataset wraps a TorchPrefetcher for code that
+takes a dataset. Importing this package imports torch; ``import fastq``
+alone never does."""
+
+try:
+    import torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised without torch only
+    raise ImportError(
+        "fastq.torch needs PyTorch, which is not installed; install it with "
+        "pip install 'fastq[torch]' (or pip install torch)"
+    ) from exc
+
+from ._dataloader import DataLoader, DataLoaderTimeout
+from ._iterable import IterableDataset
+from ._prefetcher import TorchPrefetcher, _Cuda  # noqa: F401 (tests reach it)
+
+__all__ = ["DataLoader", "DataLoaderTimeout", "IterableDataset", "TorchPrefetcher"]

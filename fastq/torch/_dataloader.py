@@ -1,0 +1,422 @@
+"""fastq.torch.DataLoader: torch's DataLoader, argument for argument, with
+fastq's workers and ring behind its iterator.
+
+It subclasses ``torch.utils.data.DataLoader`` and lets torch's constructor
+validate the arguments and build the sampler, batch sampler and collate
+function, so every argument keeps DataLoader's meaning and every attribute
+a trainer reads is there; ``isinstance(loader, DataLoader)`` holds, so
+Lightning can re-create it with a DistributedSampler. Only iteration with
+``num_workers > 0`` differs: the sampler runs here, as in DataLoader's main
+process, and each batch's indices reach the workers through the ring's plan
+table; a worker fetches and collates into a slot; the batch is rebuilt here
+over the slot, without a copy, a pickle of its arrays, or a file descriptor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.utils.data
+from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
+
+from .._planned import PlannedPrefetcher
+from .._pool import get_context
+from .._prefetcher import default_workers
+from ..errors import ConfigError, FetchTimeout, WorkerError
+from ._worker_side import IterableSource, MapSource
+
+__all__ = ["DataLoader", "DataLoaderTimeout"]
+
+_MAP_STYLE = 0  # torch's _DatasetKind.Map
+
+
+class DataLoaderTimeout(FetchTimeout, RuntimeError):
+    """No batch within ``timeout`` seconds: a FetchTimeout that is also the
+    RuntimeError DataLoader raises."""
+
+
+class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
+    """``torch.utils.data.DataLoader`` with fastq's workers: the same
+    arguments, in the same order, with the same meaning, then fastq's own.
+
+    Differences (the README's migration table gives each with its reason):
+    ``num_workers`` defaults to the usable CPUs / ``LOCAL_WORLD_SIZE`` - 1
+    (0 runs in this process, as DataLoader's 0 does); torch's generator is
+    seeded per batch, from (base seed, epoch, batch), like ``random`` and
+    ``numpy.random``, so a batch's randomness does not depend on the number
+    of workers.
+
+    fastq's arguments
+    -----------------
+    slots : int, optional
+        Batches in flight; default ``prefetch_factor`` (2) per worker.
+    slot_bytes : int, optional
+        Bytes per slot. By default sized from the first batch, scaled to
+        the largest batch the sampler's first batches ask for.
+    max_batch_size : int, optional
+        The most indices a batch from ``batch_sampler`` may have; default
+        the largest among its first batches.
+    worker_threads : int or None
+        BLAS/OpenMP/torch threads per worker (default 1); None leaves them.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int | None = None,
+        collate_fn: Any = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Any = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        slots: int | None = None,
+        slot_bytes: int | None = None,
+        max_batch_size: int | None = None,
+        worker_threads: int | None = 1,
+    ) -> None:
+        if num_workers is None:
+            num_workers = default_workers()
+        elif isinstance(num_workers, bool) or not hasattr(num_workers, "__index__"):
+            raise ConfigError(
+                f"num_workers={num_workers!r}: expected an int >= 0 (0 loads "
+                "in this process), or None for fastq's default"
+            )
+        num_workers = int(num_workers)
+        for name, value in (
+            ("slots", slots),
+            ("slot_bytes", slot_bytes),
+            ("max_batch_size", max_batch_size),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not hasattr(value, "__index__") or value < 1
+            ):
+                raise ConfigError(
+                    f"{name}={value!r}: expected a positive int, or None for "
+                    "the default"
+                )
+        # fastq's own arguments are attributes of the same name, so a trainer
+        # that re-creates the loader from its attributes keeps them.
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self.max_batch_size = max_batch_size
+        self.worker_threads = worker_threads
+        self._engine: PlannedPrefetcher | None = None
+        self._epoch = 0  # the next epoch's number
+        self._epoch_fixed = False  # set_epoch() named the next epoch
+        self._seed: int | None = None  # persistent workers' base seed
+        self._warned_pin = False
+        super().__init__(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+
+    # ------------------------------------------------------------- epochs
+
+    @property
+    def epoch(self) -> int:
+        """The number of the next epoch (the current one while iterating):
+        it seeds every batch's randomness. Set it (or call ``set_epoch``) to
+        resume at epoch N."""
+        return self._epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.set_epoch(value)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Names the next epoch, here and on the sampler (DistributedSampler's
+        ``set_epoch``), so a resumed run starts where it stopped."""
+        if isinstance(epoch, bool) or not hasattr(epoch, "__index__") or epoch < 0:
+            raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
+        self._epoch = int(epoch)
+        self._epoch_fixed = True
+        for s in _samplers(self):
+            set_epoch = getattr(s, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(int(epoch))
+
+    def _next_epoch(self) -> int:
+        if not self._epoch_fixed:
+            # A trainer that calls set_epoch on the sampler (Lightning does)
+            # names the epoch there.
+            for s in _samplers(self):
+                named = getattr(s, "epoch", None)
+                if callable(getattr(s, "set_epoch", None)) and isinstance(named, int):
+                    self._epoch = named
+        self._epoch_fixed = False
+        return self._epoch
+
+    def _epoch_begun(self) -> None:
+        """The first batch of an epoch was handed out: the next iter() is
+        the next epoch (an iter() abandoned before its first batch, as
+        trainers do to peek, does not use one up)."""
+        self._epoch += 1
+
+    # ---------------------------------------------------------- iteration
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        if self.num_workers == 0:
+            return super().__iter__()
+        if self.pin_memory and not torch.cuda.is_available() and not self._warned_pin:
+            self._warned_pin = True
+            warnings.warn(
+                "pin_memory=True, but no CUDA device is available: batches are "
+                "not pinned (as DataLoader does here)",
+                UserWarning,
+                stacklevel=2,
+            )
+        epoch = self._next_epoch()
+        engine = self._engine
+        if engine is not None and (engine.closed or not self.persistent_workers):
+            engine.close()
+            engine = self._engine = None
+        if self._dataset_kind != _MAP_STYLE:
+            if engine is None:
+                engine = self._start(None, epoch)
+                if engine is None:
+                    return _LoaderIterator(self, iter(()))
+            return _LoaderIterator(self, iter(engine))
+        batches = iter(self._index_sampler)
+        if not self._auto_collation:
+            batches = ([i] for i in batches)
+        if engine is not None:
+            return _LoaderIterator(self, engine.begin_epoch(batches, epoch))
+        first = next(batches, None)
+        if first is None:
+            return _LoaderIterator(self, iter(()))  # an empty epoch
+        engine = self._start(itertools.chain([first], batches), epoch)
+        assert engine is not None
+        return _LoaderIterator(self, engine.begin_epoch(iter(()), epoch))
+
+    def _start(
+        self, batches: Iterator[Any] | None, epoch: int
+    ) -> PlannedPrefetcher | None:
+        """Starts the workers (at the first iter(), never at construction).
+        None for an iterable dataset with nothing in it."""
+        if self._seed is None or not self.persistent_workers:
+            # DataLoader's base seed: one draw from torch's generator (or
+            # the loader's), so torch.manual_seed makes a run repeatable.
+            self._seed = int(
+                torch.empty((), dtype=torch.int64)
+                .random_(generator=self.generator)
+                .item()
+            ) & ((1 << 63) - 1)
+        collate = self.collate_fn
+        if batches is not None:
+            source: Any = MapSource(self.dataset, collate, self._auto_collation)
+        else:
+            source = IterableSource(
+                self.dataset,
+                collate,
+                self.batch_size if self._auto_collation else None,
+                self.drop_last,
+            )
+        workers = self.num_workers
+        prefetch = self.prefetch_factor or 2
+        rank, world_size = _rank_and_world_size()
+        try:
+            engine = PlannedPrefetcher(
+                source,
+                ctx=_context(self.multiprocessing_context),
+                workers=workers,
+                slots=self.slots or max(2, prefetch * workers),
+                seed=self._seed,
+                first=batches,
+                epoch=epoch,
+                max_rows=self.max_batch_size or (self.batch_size or 1),
+                ordered=self.in_order,
+                timeout=float(self.timeout) if self.timeout > 0 else None,
+                worker_init=self.worker_init_fn,
+                worker_threads=self.worker_threads,
+                slot_bytes=self.slot_bytes,
+                rank=rank,
+                world_size=world_size,
+                make_batch=_pinner(self),
+            )
+        except ConfigError as exc:
+            if getattr(exc, "empty", False) and batches is None:
+                return None  # an iterable dataset with nothing in it
+            raise
+        except WorkerError as exc:
+            raise _with_own_type(exc) from None
+        except FetchTimeout as exc:
+            raise _as_dataloader_timeout(exc) from None
+        self._engine = engine
+        return engine
+
+    def close(self) -> None:
+        """Stops the workers now (they also stop when the loader is garbage,
+        at exit, and after each epoch without persistent_workers)."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
+
+    def stats(self) -> dict[str, Any]:
+        """The workers' throughput and the consumer's wait share (see
+        fastq.Prefetcher.stats); empty before the first iter()."""
+        return {} if self._engine is None else self._engine.stats()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_engine"] = None
+        return state
+
+    def __del__(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.close()
+
+
+class _LoaderIterator:
+    """The iterator a DataLoader hands out: the engine's epoch, with a
+    worker's exception raised as its own type and a timeout as
+    DataLoader's."""
+
+    __slots__ = ("_begun", "_it", "_loader")
+
+    def __init__(self, loader: DataLoader, it: Iterator[Any]) -> None:
+        self._loader = loader
+        self._it = it
+        self._begun = False
+
+    def __iter__(self) -> _LoaderIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._end()
+            raise
+        except WorkerError as exc:
+            self._mark_begun()
+            raise _with_own_type(exc) from None
+        except FetchTimeout as exc:
+            raise _as_dataloader_timeout(exc) from None
+        if not self._begun:
+            self._mark_begun()
+        return batch
+
+    def _mark_begun(self) -> None:
+        if not self._begun:
+            self._begun = True
+            self._loader._epoch_begun()
+
+    def _end(self) -> None:
+        loader = self._loader
+        if not self._begun:
+            self._mark_begun()  # an empty epoch is an epoch too
+        if not loader.persistent_workers:
+            loader.close()
+
+
+def _samplers(loader: DataLoader) -> list[Any]:
+    found = []
+    for s in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+        if s is not None and all(s is not f for f in found):
+            found.append(s)
+    return found
+
+
+def _context(multiprocessing_context: Any) -> Any:
+    """fastq's context for DataLoader's multiprocessing_context (None, a
+    start method's name, or a context object)."""
+    if multiprocessing_context is None:
+        return get_context(None)
+    if isinstance(multiprocessing_context, str):
+        return get_context(multiprocessing_context)
+    return get_context(multiprocessing_context.get_start_method())
+
+
+def _pinner(loader: DataLoader) -> Any:
+    if loader.pin_memory and torch.cuda.is_available():
+        # DataLoader's pin_memory: each batch copied into page-locked memory
+        # (the slot returns at once). TorchPrefetcher(pin_memory=True) pins
+        # the ring itself and copies nothing.
+        return pin_batch
+    return None
+
+
+def _rank_and_world_size() -> tuple[int, int]:
+    """For get_worker_info() only: DataLoader does not shard, its sampler
+    does (DistributedSampler), so fastq.torch.DataLoader does not either."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 0, 1
+
+
+def _with_own_type(error: WorkerError) -> BaseException:
+    """A worker's exception as its own type (a KeyError stays catchable as
+    KeyError), carrying where it happened; WorkerError when it could not be
+    rebuilt here."""
+    original = error.__cause__
+    if not isinstance(original, Exception):
+        return error
+    where = (
+        f"raised in fastq worker {error.worker} while producing batch "
+        f"{error.task}" + ("" if error.sample is None else f", sample {error.sample!r}")
+    )
+    for name, value in (
+        ("worker", error.worker),
+        ("task", error.task),
+        ("sample", error.sample),
+        ("remote_traceback", error.remote_traceback),
+    ):
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(original, f"fastq_{name}", value)
+    note = f"{where}. Remote traceback:\n{error.remote_traceback}"
+    if hasattr(original, "add_note"):
+        original.add_note(note)
+        return original
+    try:  # before Python 3.11: the note goes into the message, as DataLoader's
+        return type(original)(f"{original}\n{note}")
+    except Exception:
+        return error
+
+
+def _as_dataloader_timeout(error: FetchTimeout) -> DataLoaderTimeout:
+    out = DataLoaderTimeout(
+        f"DataLoader timed out: {error}", worker=error.worker, task=error.task
+    )
+    return out

@@ -1,0 +1,223 @@
+"""torch inside fastq's workers, for fastq.torch.DataLoader: what a worker
+runs to make a batch (DataLoader's fetch and collate), tensors laid into
+packed slots and rebuilt over them, ``torch.utils.data.get_worker_info()``,
+and torch's generator seeded per batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.utils.data
+import torch.utils.data._utils.collate as torch_collate
+import torch.utils.data._utils.worker as torch_worker
+
+from .._packing import NDARRAY, Arena, Codec, LeafKind
+from .._worker_info import WorkerInfo
+
+# --------------------------------------------------------------- tensors
+
+
+def _slot_tensor(
+    slot: np.ndarray[Any, Any], off: int, dtype: torch.dtype, shape: Sequence[int]
+) -> torch.Tensor:
+    """A tensor of `dtype` and `shape` over slot[off:]."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * _itemsize(dtype)
+    raw = torch.from_numpy(slot[off : off + nbytes])
+    return raw.view(dtype).view(tuple(shape))
+
+
+_ITEMSIZE: dict[torch.dtype, int] = {}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        size = _ITEMSIZE[dtype] = torch.empty(0, dtype=dtype).element_size()
+    return size
+
+
+def _place_tensor(t: torch.Tensor, arena: Arena) -> tuple[Any, ...] | None:
+    if (
+        t.layout != torch.strided
+        or t.device.type != "cpu"
+        or t.is_quantized
+        or t.is_nested
+        or t.requires_grad
+    ):
+        return None  # pickled as torch pickles it
+    shape = tuple(t.shape)
+    name = str(t.dtype).removeprefix("torch.")
+    nbytes = t.numel() * t.element_size()
+    if arena.count_only:
+        arena.alloc(nbytes, f"tensor shape {shape} dtype {name}")
+        return ("t", 0, shape, name)
+    off = -1
+    if nbytes and t.is_contiguous():
+        off = arena.owns(t.data_ptr(), nbytes)
+    if off >= 0:
+        arena.claim(off, nbytes)
+    else:
+        off = arena.alloc(nbytes, f"tensor shape {shape} dtype {name}")
+        if nbytes:
+            _slot_tensor(arena.slot, off, t.dtype, shape).copy_(t)
+    return ("t", off, shape, name)
+
+
+def _rebuild_tensor(ref: tuple[Any, ...], slot: np.ndarray[Any, Any]) -> torch.Tensor:
+    _, off, shape, name = ref
+    return _slot_tensor(slot, off, getattr(torch, name), shape)
+
+
+TENSOR = LeafKind("t", (torch.Tensor,), _place_tensor, _rebuild_tensor)
+CODEC = Codec([TENSOR, NDARRAY])
+
+
+# --------------------------------------------------- collate into the slot
+
+# The slot being filled in this worker: default_collate stacks straight
+# into it, so a batch's tensors are written once.
+_arena: Arena | None = None
+
+
+def _stack_into_slot(
+    batch: Sequence[torch.Tensor],
+    *,
+    collate_fn_map: dict[Any, Callable[..., Any]] | None = None,
+) -> torch.Tensor:
+    """default_collate's tensor case, stacking into the slot being filled
+    (or, without room or outside a slot, into fresh memory; never into the
+    shared memory DataLoader's workers allocate per batch)."""
+    elem = batch[0]
+    if elem.is_nested or elem.layout != torch.strided:
+        return torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+    arena = _arena
+    if arena is not None and elem.device.type == "cpu":
+        shape = (len(batch), *elem.shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * elem.element_size()
+        off = arena.try_alloc(nbytes)
+        if off >= 0:
+            out = _slot_tensor(arena.slot, off, elem.dtype, shape)
+            return torch.stack(list(batch), 0, out=out)
+    return torch.stack(list(batch), 0)
+
+
+# ------------------------------------------------------------- sources
+
+
+class _TorchSource:
+    """What both kinds of DataLoader source do in a worker."""
+
+    codec = CODEC
+
+    def __init__(self, dataset: Any, collate_fn: Callable[[Any], Any]) -> None:
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.position = -1
+        self._seeded: int | None = None  # the seed fastq last gave torch
+
+    @property
+    def arena(self) -> Arena | None:
+        return _arena
+
+    @arena.setter
+    def arena(self, value: Arena | None) -> None:
+        global _arena
+        _arena = value
+
+    def start_worker(self, info: WorkerInfo) -> None:
+        """Makes this process a DataLoader worker in torch's eyes."""
+        # Every collate that falls back on default_collate (collate_fn
+        # wrappers included) stacks into the slot, not into new shared memory.
+        torch_collate.default_collate_fn_map[torch.Tensor] = _stack_into_slot
+        seed = torch.initial_seed()
+        self._seeded = seed
+        torch_worker._worker_info = torch_worker.WorkerInfo(
+            id=info.id,
+            num_workers=info.num_workers,
+            seed=seed,
+            dataset=self.dataset,
+        )
+
+    def reseed(self, seed: int) -> None:
+        """torch's generator for the next batch, like random's and numpy's.
+        A seed the user set meanwhile (torch.manual_seed in worker_init_fn)
+        is their decision: fastq leaves the generator alone from then on."""
+        if self._seeded is None or torch.initial_seed() != self._seeded:
+            self._seeded = None
+            return
+        torch.default_generator.manual_seed(seed)
+        self._seeded = seed
+        info = torch_worker._worker_info
+        if info is not None:
+            # seed == torch.initial_seed(), as in a DataLoader worker.
+            object.__setattr__(info, "seed", seed)
+
+
+class MapSource(_TorchSource):
+    """DataLoader's map-style fetch: the planned indices through
+    ``__getitems__`` or ``dataset[i]``, then collate_fn; or, without
+    automatic batching, one index and collate_fn of its sample."""
+
+    def __init__(
+        self, dataset: Any, collate_fn: Callable[[Any], Any], auto_collation: bool
+    ) -> None:
+        super().__init__(dataset, collate_fn)
+        self.auto_collation = auto_collation
+
+    def make(self, indices: Sequence[Any]) -> Any:
+        dataset = self.dataset
+        if not self.auto_collation:
+            self.position = 0
+            sample = dataset[indices[0]]
+            self.position = -1
+            return self.collate_fn(sample)
+        getitems = getattr(dataset, "__getitems__", None)
+        if getitems is not None:
+            data = getitems(list(indices))
+        else:
+            data = []
+            for pos, index in enumerate(indices):
+                self.position = pos
+                data.append(dataset[index])
+            self.position = -1
+        return self.collate_fn(data)
+
+    def __call__(self) -> Iterator[Any]:
+        raise TypeError("a map-style source's batches are planned")
+
+
+class IterableSource(_TorchSource):
+    """DataLoader's iterable fetch: each worker iterates its copy of the
+    dataset (which shards itself with get_worker_info()), in batches of
+    batch_size (None: one item at a time), then collate_fn."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        collate_fn: Callable[[Any], Any],
+        batch_size: int | None,
+        drop_last: bool,
+    ) -> None:
+        super().__init__(dataset, collate_fn)
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def make(self, indices: Sequence[Any]) -> Any:
+        raise TypeError("an iterable source has no planned batches")
+
+    def __call__(self) -> Iterator[Any]:
+        it = iter(self.dataset)
+        size = self.batch_size
+        if size is None:
+            for item in it:
+                yield self.collate_fn(item)
+            return
+        while True:
+            data = list(islice(it, size))
+            if not data or (self.drop_last and len(data) < size):
+                return
+            yield self.collate_fn(data)
