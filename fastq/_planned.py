@@ -6,7 +6,9 @@ runs. Lifecycle, stats and the wait for a batch are the Prefetcher's."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -81,6 +83,10 @@ class PlannedPrefetcher(Prefetcher):
         self._sampler = None
         self._is_map = first is not None
         self._codec = source.codec
+        # Batches the loop may keep before the rest are copied: what a
+        # worker needs to stay busy stays free.
+        self._keep_limit = min(slots, max(3, slots + 1 - workers))
+        self._warned_keeping = False
         self._convert = make_batch
         self.ordered = ordered
         self.copy = False
@@ -276,7 +282,30 @@ class PlannedPrefetcher(Prefetcher):
     def _unpack(self, lease: SlotLease) -> Any:
         slot = np.frombuffer(lease, dtype=np.uint8)
         batch = unpack(slot, lease.payload_bytes, self._codec)
-        return batch if self._convert is None else self._convert(batch)
+        if self._convert is not None:
+            return self._convert(batch)
+        if self._feed.consumer.held >= self._keep_limit:
+            # The loop keeps its batches (list(loader), a running list of
+            # outputs): from here on each batch is copied and its slot
+            # returned at once, so the workers never run out of slots.
+            batch = self._copied(batch)
+        return batch
+
+    def _copied(self, batch: Any) -> Any:
+        if not self._warned_keeping:
+            self._warned_keeping = True
+            warnings.warn(
+                f"{self._feed.consumer.held} batches are still referenced, of "
+                f"the {self._ring.nslots} slots: from now on batches are "
+                "copied out of the ring (slower). If you keep batches on "
+                "purpose, raise slots=; if not, drop references to old ones",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        try:
+            return copy.deepcopy(batch)
+        except Exception:  # an object that cannot be copied: keep the views
+            return batch
 
 
 class _PlannedEpochIterator:

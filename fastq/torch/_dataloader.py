@@ -203,6 +203,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         if engine is not None and (engine.closed or not self.persistent_workers):
             engine.close()
             engine = self._engine = None
+        if engine is None:
+            self._draw_seed()
         if self._dataset_kind != _MAP_STYLE:
             if engine is None:
                 engine = self._start(None, epoch)
@@ -221,19 +223,24 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         assert engine is not None
         return _LoaderIterator(self, engine.begin_epoch(iter(()), epoch))
 
-    def _start(
-        self, batches: Iterator[Any] | None, epoch: int
-    ) -> PlannedPrefetcher | None:
-        """Starts the workers (at the first iter(), never at construction).
-        None for an iterable dataset with nothing in it."""
+    def _draw_seed(self) -> None:
+        """DataLoader's base seed: one draw from torch's generator (or the
+        loader's) when its workers start, before the sampler draws its own,
+        so torch.manual_seed makes a run repeatable and the same order as
+        DataLoader's."""
         if self._seed is None or not self.persistent_workers:
-            # DataLoader's base seed: one draw from torch's generator (or
-            # the loader's), so torch.manual_seed makes a run repeatable.
             self._seed = int(
                 torch.empty((), dtype=torch.int64)
                 .random_(generator=self.generator)
                 .item()
             ) & ((1 << 63) - 1)
+
+    def _start(
+        self, batches: Iterator[Any] | None, epoch: int
+    ) -> PlannedPrefetcher | None:
+        """Starts the workers (at the first iter(), never at construction).
+        None for an iterable dataset with nothing in it."""
+        assert self._seed is not None
         collate = self.collate_fn
         if batches is not None:
             source: Any = MapSource(self.dataset, collate, self._auto_collation)
@@ -252,7 +259,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 source,
                 ctx=_context(self.multiprocessing_context),
                 workers=workers,
-                slots=self.slots or max(2, prefetch * workers),
+                slots=self.slots or max(4, prefetch * workers),
                 seed=self._seed,
                 first=batches,
                 epoch=epoch,

@@ -1,0 +1,358 @@
+"""fastq.torch.DataLoader: DataLoader's signature and meaning, with fastq's
+workers behind the iterator. Each test compares with torch's own DataLoader
+where there is something to compare."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import BatchSampler, RandomSampler  # noqa: E402
+from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
+from torch_helpers.loader_data import (  # noqa: E402
+    Augmented,
+    FailsAt,
+    Growing,
+    Mixed,
+    OnlyInWorkers,
+    Pairs,
+    Point,
+    Sharded,
+    WorkerReport,
+    seed_torch_in_worker,
+)
+
+import fastq  # noqa: E402
+from fastq.torch import DataLoader, DataLoaderTimeout  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(90)]
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal structure, types and values (tensors bit for bit)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def children() -> list[int]:
+    import multiprocessing as mp
+
+    return [p.pid for p in mp.active_children() if p.name.startswith("fastq-")]
+
+
+def test_signature_is_dataloaders_then_fastqs_own() -> None:
+    ours = list(inspect.signature(DataLoader.__init__).parameters.values())
+    theirs = list(inspect.signature(TorchLoader.__init__).parameters.values())
+    assert [(p.name, p.kind) for p in ours[: len(theirs)]] == [
+        (p.name, p.kind) for p in theirs
+    ]
+    for mine, torch_p in zip(ours, theirs):
+        if mine.name != "num_workers":  # the migration table's first row
+            assert mine.default == torch_p.default, mine.name
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ours[len(theirs) :])
+    assert issubclass(DataLoader, TorchLoader)
+
+
+def test_batches_equal_torchs_bit_for_bit_with_the_same_types() -> None:
+    torch.manual_seed(7)
+    want = list(TorchLoader(Mixed(23), batch_size=4, shuffle=True))
+    torch.manual_seed(7)
+    loader = DataLoader(Mixed(23), batch_size=4, shuffle=True, num_workers=2)
+    got = list(loader)
+    assert len(got) == len(want) == len(loader) == 6
+    for g, w in zip(got, want):
+        assert same(g, w), (g, w)
+    assert type(got[0][3]) is Point and isinstance(got[0], list)
+    loader.close()
+
+
+def test_workers_start_at_the_first_iter_and_stop_after_a_non_persistent_epoch() -> (
+    None
+):
+    loader = DataLoader(Mixed(8), batch_size=4, num_workers=2)
+    assert children() == []
+    it = iter(loader)
+    assert len(children()) == 2
+    assert len(list(it)) == 2
+    assert children() == []  # persistent_workers=False, as DataLoader
+
+
+def test_persistent_workers_serve_every_epoch() -> None:
+    loader = DataLoader(
+        WorkerReport(12), batch_size=3, num_workers=2, persistent_workers=True
+    )
+    seen: set[int] = set()
+    engines = []
+    for _ in range(3):
+        rows = torch.cat(list(loader))
+        assert sorted(rows[:, 0].tolist()) == list(range(12))
+        seen |= set(rows[:, 5].tolist())
+        engines.append(loader._engine)
+    assert engines[0] is engines[1] is engines[2]
+    assert engines[0] is not None and seen <= set(engines[0]._pool.pids)
+    loader.close()
+    assert children() == []
+
+
+def test_torch_worker_info_in_workers() -> None:
+    rows = torch.cat(list(DataLoader(WorkerReport(16), batch_size=2, num_workers=2)))
+    assert set(rows[:, 1].tolist()) <= {0, 1}
+    assert set(rows[:, 2].tolist()) == {2}
+    assert rows[:, 3].all(), "get_worker_info().seed != torch.initial_seed()"
+    assert rows[:, 4].all(), "get_worker_info().dataset is not the dataset's copy"
+
+
+def test_a_torch_iterable_dataset_shards_itself_even_with_a_len() -> None:
+    loader = DataLoader(Sharded(21), batch_size=4, num_workers=2)
+    seen = sorted(x for b in loader for x in b.tolist())
+    assert seen == list(range(21))
+    assert len(loader) == 6  # DataLoader's len for an iterable: len(dataset)
+
+
+def test_the_dataset_is_never_read_in_the_consumer() -> None:
+    loader = DataLoader(OnlyInWorkers(10), batch_size=3, num_workers=2)
+    assert sorted(x for b in loader for x in b.tolist()) == list(range(10))
+
+
+def test_a_workers_exception_keeps_its_type_and_the_epoch_goes_on() -> None:
+    loader = DataLoader(FailsAt(12, bad=5), batch_size=2, num_workers=2)
+    it = iter(loader)
+    got = [next(it), next(it)]
+    with pytest.raises(KeyError, match="no sample 5") as info:
+        next(it)
+    assert info.value.fastq_sample == 5 and info.value.fastq_task == 2
+    assert "Remote traceback" in "".join(getattr(info.value, "__notes__", []))
+    got += list(it)  # DataLoader goes on past a failed batch
+    assert sorted(x for b in got for x in b.tolist()) == [0, 1, 2, 3, *range(6, 12)]
+
+
+def test_torch_randomness_does_not_depend_on_the_number_of_workers() -> None:
+    runs = []
+    for workers in (1, 2):
+        torch.manual_seed(3)
+        loader = DataLoader(Augmented(24), batch_size=4, num_workers=workers)
+        runs.append(list(loader))
+    for a, b in zip(*runs):
+        assert same(a, b)
+    # and the epochs differ from one another
+    torch.manual_seed(3)
+    loader = DataLoader(Augmented(8), batch_size=4, num_workers=2)
+    first, second = list(loader), list(loader)
+    assert not torch.equal(first[0][0], second[0][0])
+
+
+def test_a_seed_set_in_worker_init_fn_is_left_alone() -> None:
+    loader = DataLoader(
+        Augmented(8), batch_size=8, num_workers=1, worker_init_fn=seed_torch_in_worker
+    )
+    (batch,) = list(loader)
+    torch.manual_seed(1234)
+    want = torch.stack([torch.rand(3) + i for i in range(8)])
+    assert torch.equal(batch[0], want)
+
+
+def test_an_iter_abandoned_before_its_first_batch_uses_no_epoch() -> None:
+    loader = DataLoader(Mixed(8), batch_size=4, num_workers=1)
+    assert loader.epoch == 0
+    iter(loader)  # a trainer peeking
+    iter(loader)
+    assert loader.epoch == 0
+    list(loader)
+    assert loader.epoch == 1
+    loader.set_epoch(5)
+    it = iter(loader)
+    next(it)
+    assert loader.epoch == 6
+
+
+def test_set_epoch_on_a_distributed_sampler_names_the_epoch() -> None:
+    from torch.utils.data.distributed import DistributedSampler
+
+    ds = Augmented(8)
+    sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=1)
+    loader = DataLoader(
+        ds, batch_size=2, sampler=sampler, num_workers=1, persistent_workers=True
+    )
+    sampler.set_epoch(4)  # where Lightning calls it
+    a = list(loader)
+    loader.set_epoch(4)
+    assert sampler.epoch == 4
+    b = list(loader)
+    for x, y in zip(a, b):
+        assert same(x, y)
+    assert len(a) == 2
+    loader.close()
+
+
+def test_resuming_at_an_epoch_repeats_it_exactly() -> None:
+    torch.manual_seed(0)
+    loader = DataLoader(
+        Augmented(12), batch_size=4, num_workers=2, persistent_workers=True
+    )
+    epochs = [list(loader) for _ in range(3)]
+    loader.close()
+    torch.manual_seed(0)
+    resumed = DataLoader(
+        Augmented(12), batch_size=4, num_workers=1, persistent_workers=True
+    )
+    resumed.epoch = 2
+    for a, b in zip(list(resumed), epochs[2]):
+        assert torch.equal(a[0], b[0])
+    resumed.close()
+
+
+def test_batch_sampler_with_variable_sizes_up_to_a_bound() -> None:
+    sizes = [3, 5, 1, 5, 2]
+    batches, start = [], 0
+    for s in sizes:
+        batches.append(list(range(start, start + s)))
+        start += s
+    got = list(DataLoader(Mixed(16), batch_sampler=batches, num_workers=2))
+    assert [len(b[1]) for b in got] == sizes
+    assert [b[1].tolist() for b in got] == batches
+    # a batch larger than any of the first ones the slots were sized for
+    many = [[0]] * 30 + [list(range(16))]
+    with pytest.raises(fastq.ConfigError, match="max_batch_size=16"):
+        list(DataLoader(Mixed(16), batch_sampler=many, num_workers=1))
+    got = list(
+        DataLoader(Mixed(16), batch_sampler=many, num_workers=1, max_batch_size=16)
+    )
+    assert got[-1][1].tolist() == list(range(16))
+
+
+def test_batch_size_none_and_num_workers_zero_are_dataloaders() -> None:
+    got = list(DataLoader(Mixed(3), batch_size=None, num_workers=2))
+    want = list(TorchLoader(Mixed(3), batch_size=None))
+    assert all(same(a, b) for a, b in zip(got, want)) and len(got) == 3
+    loader = DataLoader(Mixed(5), batch_size=2, num_workers=0)
+    assert type(iter(loader)).__name__ == "_SingleProcessDataLoaderIter"
+    assert len(list(loader)) == 3 and children() == []
+
+
+def test_batches_view_the_ring_without_a_copy() -> None:
+    loader = DataLoader(Mixed(8), batch_size=4, num_workers=1)
+    it = iter(loader)
+    batch = next(it)
+    engine = loader._engine
+    assert engine is not None and engine._region is not None
+    ring = np.frombuffer(engine._region.mapping, dtype=np.uint8)
+    lo, hi = ring.ctypes.data, ring.ctypes.data + ring.nbytes
+    for t in (batch[0], batch[1], batch[4]["half"]):
+        assert lo <= t.data_ptr() < hi
+    del batch, it
+    loader.close()
+
+
+def test_many_tensors_in_the_dataset_need_no_descriptor_each() -> None:
+    ds = Pairs(400)
+    loader = DataLoader(ds, batch_size=50, num_workers=2)
+    got = list(loader)
+    assert torch.equal(
+        torch.cat([b[0] for b in got]), torch.stack([x for x, _ in ds.data])
+    )
+
+
+def test_keeping_every_batch_degrades_to_copies_with_one_warning() -> None:
+    loader = DataLoader(Mixed(200), batch_size=2, num_workers=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kept = list(loader)
+    assert len(kept) == 100
+    assert [x for b in kept for x in b[1].tolist()] == list(range(200))
+    assert len([w for w in caught if "copied out of the ring" in str(w.message)]) == 1
+
+
+def test_an_empty_dataset_is_an_empty_epoch() -> None:
+    assert list(DataLoader(Mixed(0), batch_size=2, num_workers=2)) == []
+    assert list(DataLoader(Sharded(0), batch_size=2, num_workers=2)) == []
+    assert children() == []
+
+
+def test_a_dataset_that_grows_is_read_at_each_epoch() -> None:
+    ds = Growing(4)
+    loader = DataLoader(ds, batch_size=4, num_workers=1)
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3]]
+    ds.n = 6
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5]]
+
+
+def test_timeout_is_catchable_as_dataloaders() -> None:
+    from torch_helpers.loader_data import Mixed as _  # noqa: F401
+
+    loader = DataLoader(Slow(4), batch_size=1, num_workers=1, timeout=0.5)
+    with pytest.raises(RuntimeError) as info:
+        list(loader)
+    assert isinstance(info.value, (DataLoaderTimeout, fastq.FetchTimeout))
+
+
+def test_pin_memory_without_cuda_warns_like_dataloader() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("checks the machine without CUDA")
+    loader = DataLoader(Mixed(4), batch_size=2, num_workers=1, pin_memory=True)
+    with pytest.warns(UserWarning, match="pin_memory"):
+        assert len(list(loader)) == 2
+
+
+def test_multiprocessing_context_as_name_or_object() -> None:
+    import multiprocessing as mp
+
+    for ctx in ("spawn", mp.get_context("fork")):
+        loader = DataLoader(
+            Mixed(6), batch_size=3, num_workers=1, multiprocessing_context=ctx
+        )
+        assert [b[1].tolist() for b in loader] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_default_workers_share_the_cpus_among_local_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fastq._prefetcher import _usable_cpus
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert DataLoader(Mixed(1)).num_workers == max(1, _usable_cpus() // 8 - 1)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert DataLoader(Mixed(1)).num_workers == max(1, _usable_cpus() - 1)
+
+
+def test_random_sampler_with_a_generator_matches_torch() -> None:
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    want = [
+        b[1].tolist()
+        for b in TorchLoader(Mixed(10), batch_size=3, shuffle=True, generator=g1)
+    ]
+    got = [
+        b[1].tolist()
+        for b in DataLoader(
+            Mixed(10), batch_size=3, shuffle=True, generator=g2, num_workers=2
+        )
+    ]
+    assert got == want
+    sampler = BatchSampler(RandomSampler(range(10)), 4, drop_last=True)
+    assert len(list(DataLoader(Mixed(10), batch_sampler=sampler, num_workers=1))) == 2
+
+
+class Slow(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import time
+
+        time.sleep(5)
+        return i

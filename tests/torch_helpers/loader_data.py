@@ -1,0 +1,156 @@
+"""Module-level datasets for the fastq.torch.DataLoader tests (picklable
+under every start method)."""
+
+from __future__ import annotations
+
+import os
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data
+
+Point = namedtuple("Point", "index weight")
+
+
+class Mixed(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Sample i: a tensor, an int, a string, a namedtuple and a dict, so the
+    batch's structure and types can be compared with DataLoader's."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return (
+            torch.arange(6, dtype=torch.float32).reshape(2, 3) + i,
+            i,
+            f"s{i}",
+            Point(np.int64(i), np.float64(i) / 3),
+            {"half": torch.tensor(i / 2, dtype=torch.float64), "raw": b"x"},
+        )
+
+
+class Augmented(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Sample i plus torch, numpy and random noise: what a random
+    augmentation gives."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import random
+
+        return torch.rand(3) + i, np.random.rand(), random.random()
+
+
+class FailsAt(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Raises KeyError for one index."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n = n
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.bad:
+            raise KeyError(f"no sample {i}")
+        return torch.tensor(i)
+
+
+class OnlyInWorkers(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Fails if read in the process that made it: the HDF5/LMDB pattern of a
+    handle opened in each worker."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.owner = os.getpid()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if os.getpid() == self.owner:
+            raise AssertionError("the dataset was read in the consumer")
+        return torch.tensor(i)
+
+
+class WorkerReport(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Sample i: what torch.utils.data.get_worker_info() says in the worker."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        info = torch.utils.data.get_worker_info()
+        assert info is not None
+        return torch.tensor(
+            [
+                i,
+                info.id,
+                info.num_workers,
+                int(info.seed == torch.initial_seed()),
+                int(isinstance(info.dataset, WorkerReport)),
+                os.getpid(),
+            ]
+        )
+
+
+class Sharded(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """0..n-1, each worker taking every num_workers-th item, as torch's
+    documentation shows; it also has a len, which must not make it
+    map-style."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        return iter(range(info.id, self.n, info.num_workers))
+
+
+class Pairs(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """A list of (tensor, tensor) samples, as the DDP tutorial's dataset
+    holds: each storage used to cost a descriptor per worker."""
+
+    def __init__(self, n: int) -> None:
+        self.data = [(torch.rand(20), torch.rand(1)) for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.data[i]
+
+
+class Growing(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i >= self.n:
+            raise IndexError(i)
+        return torch.tensor(i)
+
+
+def seed_torch_in_worker(worker_id: int) -> None:
+    torch.manual_seed(1234 + worker_id)
