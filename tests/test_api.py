@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 from helpers import PatternDataset
@@ -142,4 +143,30 @@ def test_a_malformed_torchrun_variable_is_named(
 ) -> None:
     monkeypatch.setenv(name, "two")
     with pytest.raises(fastq.ConfigError, match=f"{name}='two'.*expected an integer"):
+        fastq.Prefetcher(PatternDataset(8), batch_size=2, workers=1)
+
+
+def test_set_epoch_resumes_at_that_epoch() -> None:
+    def run(workers: int, resume_at: int | None, epochs: int) -> list[list[Any]]:
+        out = []
+        with fastq.Prefetcher(
+            PatternDataset(20), batch_size=5, workers=workers, shuffle=True, seed=3
+        ) as pf:
+            if resume_at is not None:
+                pf.set_epoch(resume_at)
+            for _ in range(epochs):
+                out.append([b[1].tolist() for b in pf])
+            assert len(pf.dataset) == 20
+            if resume_at is not None:
+                with pytest.raises(fastq.ConfigError, match="only moves forward"):
+                    pf.set_epoch(0)
+        return out
+
+    assert run(2, None, 3)[2] == run(1, 2, 1)[0]
+
+
+def test_world_size_without_rank_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(fastq.ConfigError, match="WORLD_SIZE=2 is set but RANK"):
         fastq.Prefetcher(PatternDataset(8), batch_size=2, workers=1)

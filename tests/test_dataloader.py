@@ -356,3 +356,8 @@ class Slow(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
         time.sleep(5)
         return i
+
+
+def test_prefetcher_refuses_a_torch_iterable_dataset_with_a_len() -> None:
+    with pytest.raises(fastq.ConfigError, match="fastq.torch.DataLoader"):
+        fastq.Prefetcher(Sharded(8), batch_size=2, workers=1)
