@@ -83,9 +83,10 @@ class PlannedPrefetcher(Prefetcher):
         self._sampler = None
         self._is_map = first is not None
         self._codec = source.codec
-        # Batches the loop may keep before the rest are copied: what a
-        # worker needs to stay busy stays free.
-        self._keep_limit = min(slots, max(3, slots + 1 - workers))
+        # Batches alive at a hand-out before the rest are copied: a `for`
+        # loop has two then (the body's last one and the new one), three if
+        # it keeps the previous one; one slot always stays for the workers.
+        self._keep_limit = max(3, slots)
         self._warned_keeping = False
         self._convert = make_batch
         self.ordered = ordered

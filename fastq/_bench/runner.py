@@ -5,20 +5,22 @@ a progress line per case and tables with ratios; optionally JSON and a plot."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
-from . import cases, procstat, report
+from . import cases, procstat, report, torch_startup
 from .isolated import run_isolated
 from .measure import Budget, Options, Result, run
 from .transports import FASTQ, PEERS, TRANSPORTS, Case
 from .workloads import DEFAULT_WORKLOAD, SHAPES, WORKLOADS
 
-SECTIONS = ("throughput", "latency", "startup", "steady", "compute")
+SECTIONS = ("throughput", "latency", "startup", "steady", "compute", "torch-startup")
 GROUPS = {
     "all": tuple(TRANSPORTS),
     "fastq-all": FASTQ,
@@ -99,7 +101,10 @@ def _parser() -> argparse.ArgumentParser:
         help="what to measure, repeatable (default: throughput): "
         "latency = hand-over of paced small batches; startup = time "
         "to first batch under spawn; steady = system calls and page "
-        "faults per batch (perf); compute = compute-bound workers",
+        "faults per batch (perf); compute = compute-bound workers; "
+        "torch-startup = first batch and worker memory with torch imported, "
+        "per start method and beside DataLoader (workers 1 and 2 unless "
+        "--workers; 5 runs unless --repeat; about 3 minutes)",
     )
     p.add_argument(
         "--all",
@@ -364,6 +369,37 @@ def main(argv: list[str] | None = None) -> int:
             compute_tables,
             measure_ideal,
         )
+
+    if "torch-startup" in sections:
+        torch_workers = args.workers or list(torch_startup.WORKERS)
+        torch_repeats = args.repeat if args.repeat > 1 else torch_startup.REPEATS
+
+        def torch_runs(session: _Session) -> None:
+            if importlib.util.find_spec("torch") is None:
+                session.skipped.add("torch-startup: skipped, torch is not installed")
+                return
+
+            def progress(r: torch_startup.Run) -> None:
+                session.done += 1
+                print(
+                    f"[{session.done:3}/{session.total}] torch-startup "
+                    f"{torch_startup.describe(r)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                session.records.append({"section": "torch-startup", **asdict(r)})
+
+            runs = torch_startup.run_all(torch_workers, torch_repeats, progress)
+            text.append(
+                "Start-up with torch imported by the script: from construction "
+                "to the first batch in hand, and each worker's PSS then (shared "
+                "pages counted once across processes); medians of "
+                f"{torch_repeats} fresh processes, ratios to fastq's fork"
+            )
+            text.append(torch_startup.table(runs) + "\n")
+
+        plan.append(("torch-startup", torch_runs))
+        counts.append(len(torch_workers) * len(torch_startup.CONFIGS) * torch_repeats)
 
     command = "python -m fastq bench" + "".join(
         " " + shlex.quote(a) for a in (sys.argv[2:] if argv is None else argv)

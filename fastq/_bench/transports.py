@@ -127,6 +127,16 @@ TRANSPORTS = {
             "producer writes straight into the slot",
         ),
         Transport(
+            "fastq-dataloader",
+            "fastq.torch.DataLoader",
+            "fastq",
+            "via_fastq_torch:samples",
+            requires="torch",
+            pip="torch==2.13.0",
+            about="DataLoader's arguments (batch_size=rows, default collate); "
+            "the one-line migration",
+        ),
+        Transport(
             "queue-seed",
             "mp.Queue, seed (poll+sleep)",
             "peer",

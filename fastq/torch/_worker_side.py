@@ -5,6 +5,7 @@ and torch's generator seeded per batch."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any, Callable
@@ -25,7 +26,7 @@ def _slot_tensor(
     slot: np.ndarray[Any, Any], off: int, dtype: torch.dtype, shape: Sequence[int]
 ) -> torch.Tensor:
     """A tensor of `dtype` and `shape` over slot[off:]."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * _itemsize(dtype)
+    nbytes = math.prod(shape) * _itemsize(dtype)
     raw = torch.from_numpy(slot[off : off + nbytes])
     return raw.view(dtype).view(tuple(shape))
 
@@ -97,7 +98,7 @@ def _stack_into_slot(
     arena = _arena
     if arena is not None and elem.device.type == "cpu":
         shape = (len(batch), *elem.shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * elem.element_size()
+        nbytes = math.prod(shape) * elem.element_size()
         off = arena.try_alloc(nbytes)
         if off >= 0:
             out = _slot_tensor(arena.slot, off, elem.dtype, shape)

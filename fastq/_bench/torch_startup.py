@@ -1,0 +1,231 @@
+"""Time to the first batch and worker memory when the script has imported
+torch: fastq per start method (its default's zygote among them) beside
+torch's DataLoader. Each run is a fresh interpreter running this module
+(`python -m fastq._bench.torch_startup JOB`), which imports torch before
+the clock starts, as a training script does."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import procstat
+
+# What each run builds: (loader, start method); "default" is the loader's
+# own default (fastq: the zygote, where one can be forked; DataLoader: the
+# interpreter's default, fork on Linux before Python 3.14).
+CONFIGS = (
+    ("fastq", "fork"),
+    ("fastq", "spawn"),
+    ("fastq", "forkserver"),
+    ("fastq", "default"),
+    ("DataLoader", "default"),
+)
+REPEATS = 5
+WORKERS = (1, 2)
+SAMPLES = 512
+BATCH_SIZE = 32
+_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Run:
+    loader: str
+    method: str
+    workers: int
+    first_batch_s: float = 0.0
+    worker_pss: list[int] = field(default_factory=list)  # bytes, per worker
+    server_pss: int = 0  # the fork server or zygote, if any
+    total_pss: int = 0  # the script and every process under it
+    served_by: str = ""  # what the workers' parent is
+    error: str | None = None
+
+
+def run_once(loader: str, method: str, workers: int) -> Run:
+    """One run in a fresh interpreter."""
+    job = json.dumps({"loader": loader, "method": method, "workers": workers})
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", __name__, job],
+            capture_output=True,
+            text=True,
+            timeout=_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return Run(loader, method, workers, error="timed out")
+    try:
+        return Run(**json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (IndexError, ValueError, TypeError):
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Run(loader, method, workers, error=f"exit {proc.returncode}: {tail}")
+
+
+def run_all(
+    workers: Sequence[int] = WORKERS,
+    repeats: int = REPEATS,
+    progress: Callable[[Run], None] | None = None,
+) -> list[Run]:
+    """Every config for every worker count, `repeats` fresh runs each,
+    interleaved so that a slow spell of the machine hits every config."""
+    runs = []
+    for _ in range(repeats):
+        for w in workers:
+            for loader, method in CONFIGS:
+                r = run_once(loader, method, w)
+                if progress is not None:
+                    progress(r)
+                runs.append(r)
+    return runs
+
+
+def describe(r: Run) -> str:
+    if r.error:
+        return f"{r.loader} {r.method} w={r.workers}: {r.error}"
+    pss = statistics.mean(r.worker_pss) / 1e6 if r.worker_pss else 0.0
+    return (
+        f"{r.loader} {r.method} w={r.workers}: first batch {r.first_batch_s:.3f} s, "
+        f"worker PSS {pss:.0f} MB ({r.served_by})"
+    )
+
+
+def table(runs: Sequence[Run]) -> str:
+    """Medians per (loader, method, workers), with ratios to fastq's fork."""
+    groups: dict[tuple[str, str, int], list[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.loader, r.method, r.workers), []).append(r)
+
+    def medians(key: tuple[str, str, int]) -> tuple[float, float, float, float]:
+        ok = [r for r in groups.get(key, []) if not r.error]
+        if not ok:
+            return (float("nan"),) * 4
+        return (
+            statistics.median(r.first_batch_s for r in ok),
+            statistics.median(statistics.mean(r.worker_pss) for r in ok) / 1e6,
+            statistics.median(r.server_pss for r in ok) / 1e6,
+            statistics.median(r.total_pss for r in ok) / 1e6,
+        )
+
+    head = (
+        f"{'loader, start method':34}  {'w':>1}  {'first batch s':>13}  {'x fork':>6}  "
+        f"{'worker PSS MB':>13}  {'x fork':>6}  {'server MB':>9}  {'total MB':>8}  "
+        "first batch runs (s)"
+    )
+    lines = [head, "-" * len(head)]
+    for (loader, method, w), rs in sorted(
+        groups.items(), key=lambda kv: (kv[0][2], _order(kv[0][0], kv[0][1]))
+    ):
+        ok = [r for r in rs if not r.error]
+        label = f"{loader}, {method}"
+        served = sorted({r.served_by for r in ok})
+        if served and method == "default":
+            label += f" ({'/'.join(served)})"
+        if not ok:
+            lines.append(f"{label:34}  {w:>1}  {rs[0].error}")
+            continue
+        first, worker, server, total = medians((loader, method, w))
+        base_first, base_worker, _, _ = medians(("fastq", "fork", w))
+        spread = " ".join(f"{r.first_batch_s:.2f}" for r in ok)
+        lines.append(
+            f"{label:34}  {w:>1}  {first:13.3f}  {first / base_first:6.1f}  "
+            f"{worker:13.0f}  {worker / base_worker:6.2f}  {server:9.0f}  "
+            f"{total:8.0f}  {spread}"
+        )
+    return "\n".join(lines)
+
+
+def _order(loader: str, method: str) -> int:
+    return CONFIGS.index((loader, method)) if (loader, method) in CONFIGS else 99
+
+
+# ------------------------------------------------------------ one run
+
+
+def _served_by(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return "?"
+    if comm == "fastq-zygote":
+        return "zygote"
+    if b"multiprocessing.forkserver" in cmd:
+        return "forkserver"
+    return "script"
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(b")") + 2 :].split()[1])
+
+
+def _measure(loader: str, method: str, workers: int) -> Run:
+    import gc
+    import os
+
+    import torch.utils.data
+
+    import fastq
+
+    from .torch_dataset import Images
+
+    dataset = Images(SAMPLES)
+    context = None if method == "default" else method
+    gc.collect()
+    t0 = time.perf_counter()
+    if loader == "fastq":
+        feed: Any = fastq.Prefetcher(
+            dataset, batch_size=BATCH_SIZE, workers=workers, start_method=context
+        )
+        it = iter(feed)
+        first = next(it)
+        elapsed = time.perf_counter() - t0
+        pids = [w["pid"] for w in feed.stats()["workers"]]
+    else:
+        feed = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=BATCH_SIZE,
+            num_workers=workers,
+            multiprocessing_context=context,
+        )
+        it = iter(feed)
+        first = next(it)
+        elapsed = time.perf_counter() - t0
+        pids = [p.pid for p in it._workers]
+    del first
+    me = os.getpid()
+    servers = {_parent(p) for p in pids} - {me}
+    run = Run(
+        loader,
+        method,
+        workers,
+        first_batch_s=elapsed,
+        worker_pss=[procstat.pss_bytes(p) for p in pids],
+        server_pss=sum(procstat.pss_bytes(p) for p in servers),
+        total_pss=procstat.total_pss(me),
+        served_by=_served_by(_parent(pids[0])),
+    )
+    if loader == "fastq":
+        feed.close()
+    else:
+        del it
+    return run
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(argv[0])
+    run = _measure(job["loader"], job["method"], int(job["workers"]))
+    print(json.dumps(asdict(run)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
