@@ -61,3 +61,18 @@ def test_reseed(benchmark: pytest.FixtureRequest, path: str) -> None:
     fn = CASES[path]
     task = iter(range(1 << 62))
     benchmark(lambda: fn(12345, 3, next(task)))  # type: ignore[operator]
+
+
+def test_torch_reseed(benchmark: pytest.FixtureRequest) -> None:
+    """What fastq.torch.DataLoader adds per batch in a worker: torch's CPU
+    generator seeded from (seed, epoch, batch), beside random's and numpy's."""
+    torch = pytest.importorskip("torch")
+    gen = torch.default_generator
+    task = iter(range(1 << 62))
+
+    def reseed_all() -> None:
+        t = next(task)
+        seed_python_and_numpy(12345, 3, t)
+        gen.manual_seed(mix_seed(12345, 3, t))
+
+    benchmark(reseed_all)  # type: ignore[operator]
