@@ -25,7 +25,8 @@ class _WorkerPickler(reduction.ForkingPickler):
     def __init__(self, file: Any, protocol: int | None = None) -> None:
         super().__init__(file, protocol)
         table = dict(copyreg.dispatch_table)
-        for cls, reducer in reduction.ForkingPickler._extra_reducers.items():
+        extra = reduction.ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+        for cls, reducer in extra.items():
             module = getattr(reducer, "__module__", "") or ""
             if not module.startswith(_PER_OBJECT_DESCRIPTORS):
                 table[cls] = reducer

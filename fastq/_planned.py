@@ -165,7 +165,7 @@ class PlannedPrefetcher(Prefetcher):
             self._feed = Feed(
                 self._ring,
                 self._pool,
-                self._spec,  # type: ignore[arg-type]
+                self._spec,
                 None,
                 ordered=ordered,
                 timeout=timeout,
@@ -281,7 +281,7 @@ class PlannedPrefetcher(Prefetcher):
     # ------------------------------------------------------------- batches
 
     def _unpack(self, lease: SlotLease) -> Any:
-        slot = np.frombuffer(lease, dtype=np.uint8)
+        slot = np.frombuffer(memoryview(lease), dtype=np.uint8)
         batch = unpack(slot, lease.payload_bytes, self._codec)
         if self._convert is not None:
             return self._convert(batch)

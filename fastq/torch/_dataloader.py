@@ -355,7 +355,7 @@ class _LoaderIterator:
 
 
 def _samplers(loader: DataLoader) -> list[Any]:
-    found = []
+    found: list[Any] = []
     for s in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
         if s is not None and all(s is not f for f in found):
             found.append(s)

@@ -94,7 +94,10 @@ def _stack_into_slot(
     shared memory DataLoader's workers allocate per batch)."""
     elem = batch[0]
     if elem.is_nested or elem.layout != torch.strided:
-        return torch_collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+        out: torch.Tensor = torch_collate.collate_tensor_fn(
+            batch, collate_fn_map=collate_fn_map
+        )
+        return out
     arena = _arena
     if arena is not None and elem.device.type == "cpu":
         shape = (len(batch), *elem.shape)
