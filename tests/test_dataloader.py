@@ -164,7 +164,7 @@ def test_a_seed_set_in_worker_init_fn_is_left_alone() -> None:
     assert torch.equal(batch[0], want)
 
 
-def test_an_iter_abandoned_before_its_first_batch_uses_no_epoch() -> None:
+def test_an_iter_abandoned_or_a_peek_uses_no_epoch() -> None:
     loader = DataLoader(Mixed(8), batch_size=4, num_workers=1)
     assert loader.epoch == 0
     iter(loader)  # a trainer peeking
@@ -172,8 +172,11 @@ def test_an_iter_abandoned_before_its_first_batch_uses_no_epoch() -> None:
     assert loader.epoch == 0
     list(loader)
     assert loader.epoch == 1
+    next(iter(loader))  # a peek
+    assert loader.epoch == 1
     loader.set_epoch(5)
     it = iter(loader)
+    next(it)
     next(it)
     assert loader.epoch == 6
 

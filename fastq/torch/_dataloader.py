@@ -180,9 +180,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         return self._epoch
 
     def _epoch_begun(self) -> None:
-        """The first batch of an epoch was handed out: the next iter() is
-        the next epoch (an iter() abandoned before its first batch, as
-        trainers do to peek, does not use one up)."""
+        """An epoch got past its first batch (or ended): the next iter() is
+        the next epoch. An iter() abandoned before that (a trainer calling
+        iter() up front, a `next(iter(loader))` peek) does not use one up."""
         self._epoch += 1
 
     # ---------------------------------------------------------- iteration
@@ -313,12 +313,13 @@ class _LoaderIterator:
     worker's exception raised as its own type and a timeout as
     DataLoader's."""
 
-    __slots__ = ("_begun", "_it", "_loader")
+    __slots__ = ("_begun", "_handed", "_it", "_loader")
 
     def __init__(self, loader: DataLoader, it: Iterator[Any]) -> None:
         self._loader = loader
         self._it = it
         self._begun = False
+        self._handed = 0
 
     def __iter__(self) -> _LoaderIterator:
         return self
@@ -337,7 +338,9 @@ class _LoaderIterator:
             raise _with_own_type(exc) from None
         except FetchTimeout as exc:
             raise _as_dataloader_timeout(exc) from None
-        if not self._begun:
+        self._handed += 1
+        if self._handed == 2:
+            # Past a peek (`next(iter(loader))`): this epoch is used up.
             self._mark_begun()
         return batch
 
