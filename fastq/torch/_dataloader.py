@@ -339,6 +339,18 @@ class _LoaderIterator:
         except FetchTimeout as exc:
             raise _as_dataloader_timeout(exc) from None
         self._handed += 1
+        loader = self._loader
+        reported = loader._IterableDataset_len_called
+        if reported is not None and self._handed > reported:
+            warnings.warn(  # at every batch past it, as DataLoader does
+                f"Length of IterableDataset {loader.dataset} was reported to be "
+                f"{reported} (when accessing len(dataloader)), but "
+                f"{self._handed} samples have been fetched. Its __len__ is "
+                "wrong for this number of workers: shard it with "
+                "get_worker_info() or fix __len__",
+                UserWarning,
+                stacklevel=2,
+            )
         if self._handed == 2:
             # Past a peek (`next(iter(loader))`): this epoch is used up.
             self._mark_begun()
