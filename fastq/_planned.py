@@ -328,6 +328,7 @@ class _PlannedEpochIterator:
         engine = self._engine
         feed = engine._feed
         if self._token != feed.live:
+            feed.check_closed(self._token)  # closed while this loop ran
             raise StopIteration
         engine._fill()
         c = feed.consumer

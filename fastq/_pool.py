@@ -58,11 +58,16 @@ def get_context(start_method: str | None) -> Any:
         # server, the same start method, only slower to start.
     ctx = mp.get_context(method)
     if method == "forkserver":
-        # Workers fork from a server that already imported fastq, numpy and
-        # the main module (and what it imports, torch for one), instead of
-        # each worker importing them again. The main module must be
-        # import-safe (`if __name__ == "__main__":`), as under spawn.
-        ctx.set_forkserver_preload(["__main__", "fastq._worker"])
+        # Workers fork from a server that already imported fastq and numpy,
+        # instead of each worker importing them again. The main module must
+        # be import-safe (`if __name__ == "__main__":`), as under spawn.
+        # CPython (3.11 to 3.13 at least) never preloads "__main__" itself:
+        # ForkServer passes forkserver.main no main_path. Each worker then
+        # runs the main script, and imports torch with it, every time
+        # workers start (each epoch without persistent_workers): torch is
+        # preloaded by name when this process has it.
+        torch = ["torch"] if "torch" in sys.modules else []
+        ctx.set_forkserver_preload(["__main__", "fastq._worker", *torch])
     return ctx
 
 
@@ -175,8 +180,9 @@ def _main_reimported(method: str | None) -> str:
         else f"start_method={method!r} workers"
     )
     return (
-        f"{who} import the main script ({path}) again, and it creates a Prefetcher at import time, so each worker "
-        "tried to start workers of its own. Put the code that creates and "
+        f"{who} import the main script ({path}) again, and it creates a "
+        "Prefetcher at import time, so each worker tried to start workers of "
+        "its own. Put the code that creates and "
         'iterates the Prefetcher under `if __name__ == "__main__":` (or in a '
         "function called from there), or use start_method='fork'"
     )

@@ -57,10 +57,9 @@ def _positive_int(name: str, value: Any, fix: str, upper: int | None = None) -> 
     number = _as_int(value)
     if number is None or number < 1:
         raise ConfigError(f"{name}={value!r}: expected a positive integer; {fix}")
-    value = number
-    if upper is not None and value > upper:
+    if upper is not None and number > upper:
         raise ConfigError(f"{name}={value!r}: at most {upper} are supported; {fix}")
-    return value
+    return number
 
 
 def _as_int(value: Any) -> int | None:
@@ -118,6 +117,21 @@ def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
         else:
+            if (
+                rank is None
+                and "RANK" not in os.environ
+                and _env_int("WORLD_SIZE", 1) > 1
+            ):
+                # A launcher (Lightning's, a cluster's) that set only
+                # WORLD_SIZE: taking rank 0 would make every rank read rank
+                # 0's shard, silently.
+                raise ConfigError(
+                    f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set but RANK is "
+                    "not, so this process's rank is unknown. Create the "
+                    "Prefetcher after torch.distributed.init_process_group() "
+                    "(its rank is used then), set RANK, or pass rank= and "
+                    "world_size="
+                )
             rank = _env_int("RANK", 0) if rank is None else rank
             world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
     world_size = _positive_int(
@@ -213,6 +227,8 @@ class Prefetcher:
         self._pool: WorkerPool | None = None
         self._region: Region | None = None
 
+        _refuse_torch_iterable(source)
+        self._source = source
         self._is_map = hasattr(source, "__len__") and hasattr(source, "__getitem__")
         if not self._is_map and not callable(source):
             raise ConfigError(
@@ -384,6 +400,31 @@ class Prefetcher:
         """The epoch the current (or last) ``for`` loop iterates."""
         return self._feed.epoch
 
+    def set_epoch(self, epoch: int) -> None:
+        """The next ``for`` loop iterates epoch ``epoch`` (a resumed run:
+        its order and randomness are those of that epoch). Epochs only move
+        forward: going back needs a new Prefetcher."""
+        sampler = self._sampler
+        if sampler is None:
+            raise TypeError("a Prefetcher over a callable source has no epochs")
+        e = _as_int(epoch)
+        if e is None or e < 0:
+            raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
+        feed = self._feed
+        if e * sampler.batches_per_epoch < feed.consumer.next_task and e <= feed.epoch:
+            raise ConfigError(
+                f"epoch={e}: this Prefetcher is already at epoch {feed.epoch}, "
+                "and its task stream only moves forward; call set_epoch before "
+                "iterating, or create a new Prefetcher to go back"
+            )
+        feed.epoch = e - 1
+        feed.epoch_done = False  # the next loop skips the workers ahead
+
+    @property
+    def dataset(self) -> Any:
+        """The source, as given (DataLoader's ``dataset``)."""
+        return self._source
+
     @property
     def spec(self) -> BatchSpec:
         return self._spec
@@ -520,6 +561,20 @@ class Prefetcher:
             "slots": self.slots,
             "workers": per_worker,
         }
+
+
+def _refuse_torch_iterable(source: Any) -> None:
+    """A torch IterableDataset has __getitem__ (from Dataset) and may have
+    __len__, but it is not map-style: it must be iterated."""
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and isinstance(source, data.IterableDataset):
+        raise ConfigError(
+            f"source={type(source).__name__!r} is a torch IterableDataset, which "
+            "is iterated, not indexed; use fastq.torch.DataLoader(dataset, "
+            "batch_size=...) (each worker iterates it, sharding itself with "
+            "get_worker_info()), or give Prefetcher a zero-argument callable "
+            "returning an iterator of whole batches"
+        )
 
 
 def _in_main_thread() -> bool:

@@ -100,6 +100,26 @@ def _as_array(name: str, value: Any) -> np.ndarray[Any, Any]:
     return arr
 
 
+def _native(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """dtype in this machine's byte order: the order of every field in a
+    slot, whatever order the items come in (numpy converts on writing)."""
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
+
+
+def _refuse_text(name: str, arr: np.ndarray[Any, Any]) -> None:
+    """A spec is inferred from one item; strings vary in length from item
+    to item, while a slot's field has one fixed size."""
+    if arr.dtype.kind in "SU":
+        what = "str" if arr.dtype.kind == "U" else "bytes"
+        raise SpecError(
+            f"field {name!r}: {what} values (dtype {arr.dtype}) cannot live in "
+            "a Prefetcher's fixed-shape numeric slots, as their length varies "
+            "from item to item. Encode the field as a fixed-size numeric array "
+            "(label or token ids, or the bytes in a padded uint8 array), or "
+            "use fastq.torch.DataLoader, which carries strings beside the arrays"
+        )
+
+
 def _flatten(structure: Structure, obj: Any, out: list[Any]) -> bool:
     if structure is None:
         out.append(obj)
@@ -159,7 +179,7 @@ class BatchSpec:
         laid: list[Field] = []
         offset = 0
         for name, shape, dtype in fields:
-            dt = np.dtype(dtype)
+            dt = _native(np.dtype(dtype))
             if dt.hasobject:
                 raise SpecError(
                     f"field {name!r}: dtype {dt} holds Python objects; use a "
@@ -192,6 +212,7 @@ class BatchSpec:
         fields = []
         for name, value in leaves:
             arr = _as_array(name, value)
+            _refuse_text(name, arr)
             fields.append((name, arr.shape, arr.dtype))
         return cls(structure, fields, rows)
 
@@ -204,6 +225,7 @@ class BatchSpec:
         rows = None
         for name, value in leaves:
             arr = _as_array(name, value)
+            _refuse_text(name, arr)
             if arr.ndim == 0:
                 raise SpecError(
                     f"field {name!r}: a batch leaf needs a leading batch "
@@ -325,7 +347,7 @@ class BatchSpec:
         if type(value) in self.direct_types[i]:
             return value
         arr = value if type(value) is np.ndarray else _as_array(f.name, value)
-        if arr.shape != f.shape or arr.dtype != f.dtype:
+        if arr.shape != f.shape or _native(arr.dtype) != f.dtype:
             raise SpecError(
                 f"field {f.name!r} of a sample: expected {f.describe()}, got "
                 f"shape {arr.shape} dtype {arr.dtype}; make every item match "
@@ -338,7 +360,7 @@ class BatchSpec:
         checked against the spec's capacity."""
         f = self.fields[i]
         arr = value if type(value) is np.ndarray else _as_array(f.name, value)
-        if arr.shape[1:] != f.shape or arr.dtype != f.dtype or arr.ndim == 0:
+        if arr.shape[1:] != f.shape or _native(arr.dtype) != f.dtype or arr.ndim == 0:
             raise SpecError(
                 f"field {f.name!r} of a batch: expected shape "
                 f"(<= {self.rows}, {', '.join(map(str, f.shape))}) dtype "

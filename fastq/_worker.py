@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _report
+from ._handoff import dumps_for_worker
 from ._packing import Arena, Codec, PackedSpec, measure, pack
 from ._plan import Plan, PlanLayout, PlanTable
 from ._ring import SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
@@ -34,6 +35,9 @@ from .errors import SpecError
 _PR_SET_PDEATHSIG = 1
 # WorkerConfig fields that hold user objects.
 _USER_FIELDS = ("source", "worker_init")
+# torch's seeds as DataLoader's are: below 2**63, so torch.initial_seed()
+# fits the int64 a dataset may put in a tensor.
+_TORCH_SEED_MASK = (1 << 63) - 1
 # Starts what a worker that cannot start writes into its stack file.
 STARTUP_NOTE = b"fastq: cannot start\n"
 # Header value for "the failure was not at one sample" (a whole-batch call).
@@ -79,20 +83,22 @@ class WorkerConfig:
     # stderr only.
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for name in _USER_FIELDS:
-            # ForkingPickler, while the start method pickles this config:
-            # descriptors inside the object still reach the worker.
-            state[name] = bytes(reduction.ForkingPickler.dumps(state[name]))
+        # In one pickle, so objects they share stay shared (a worker_init
+        # that is a method of the dataset runs on the worker's dataset).
+        # Descriptors inside them still reach the worker (see _handoff).
+        state["_user"] = dumps_for_worker(tuple(state.pop(n) for n in _USER_FIELDS))
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        user = state.pop("_user")
         self.__dict__.update(state)
-        for name in _USER_FIELDS:
-            try:
-                setattr(self, name, pickle.loads(state[name]))
-            except Exception as exc:
-                _leave_startup_note(self.stack_file, name, exc)
-                raise
+        try:
+            values = pickle.loads(user)
+        except Exception as exc:
+            _leave_startup_note(self.stack_file, "source", exc)
+            raise
+        for name, value in zip(_USER_FIELDS, values):
+            setattr(self, name, value)
 
 
 def _leave_startup_note(
@@ -170,7 +176,9 @@ def worker_main(cfg: WorkerConfig) -> None:
         producer.run_callable(first)
 
 
-def _first_batch(cfg: WorkerConfig, info: WorkerInfo) -> tuple[Iterator[Any], Any] | None:
+def _first_batch(
+    cfg: WorkerConfig, info: WorkerInfo
+) -> tuple[Iterator[Any], Any] | None:
     """Worker 0 of a source without a spec: makes its first batch here, in
     the worker (never in the consumer), and sends the consumer the spec
     inferred from it. The batch is kept and delivered first (a planned
@@ -207,7 +215,7 @@ def _seed_batch(cfg: WorkerConfig, plan: Plan) -> None:
     not depend on which worker makes it, or how many there are."""
     seed_python_and_numpy(cfg.seed, plan.epoch, plan.batch)
     if cfg.packed:
-        cfg.source.reseed(mix_seed(cfg.seed, plan.epoch, plan.batch))
+        cfg.source.reseed(mix_seed(cfg.seed, plan.epoch, plan.batch) & _TORCH_SEED_MASK)
 
 
 def _receive_region(cfg: WorkerConfig) -> bool:
@@ -336,7 +344,7 @@ def _seed_globals(seed: int, worker_id: int) -> None:
     seed_python_and_numpy(seed, 1 << 33, worker_id)
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.manual_seed(mix_seed(seed, 1 << 33, worker_id))
+        torch.manual_seed(mix_seed(seed, 1 << 33, worker_id) & _TORCH_SEED_MASK)
 
 
 class _Producer:
@@ -351,7 +359,8 @@ class _Producer:
         self.wid = cfg.worker_id
         # Every slot's bytes, for packed batches.
         self.slots = [
-            np.frombuffer(ring.slot_view(s), dtype=np.uint8) for s in range(ring.nslots)
+            np.frombuffer(memoryview(ring.slot_view(s)), dtype=np.uint8)
+            for s in range(ring.nslots)
         ]
         if cfg.packed:
             return
@@ -506,9 +515,7 @@ class _Producer:
             finally:
                 source.arena = None
             self.ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
-            if not self.ring.publish(
-                slot, SLOT_BATCH, used, 0, self.wid, 0, record
-            ):
+            if not self.ring.publish(slot, SLOT_BATCH, used, 0, self.wid, 0, record):
                 return
 
     # ------------------------------------------------------------- callable

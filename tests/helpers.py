@@ -269,3 +269,100 @@ class DiesAtOnce:
     def __call__(self) -> Iterator[Any]:
         os.kill(os.getpid(), 9)
         yield
+
+
+# ------------------------------------------------------- process life
+
+
+def ignore_sigterm(worker_id: int) -> None:
+    """worker_init of user code that shields its worker from SIGTERM."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class SignalState(PatternDataset):
+    """Sample i = the worker's signal state: (SIGTERM and SIGUSR2 at their
+    default action, SIGINT ignored, SIGPIPE ignored as Python starts, the
+    number of blocked signals)."""
+
+    def __getitem__(self, i: int) -> Any:  # type: ignore[override]
+        import signal
+
+        return np.array(
+            [
+                signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+                signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL,
+                signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+                signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN,
+                len(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+            ],
+            dtype=np.int64,
+        )
+
+
+# Calls of a source in this process (each worker process has its own).
+_source_calls = [0]
+
+
+class FailsAtSecondBatch:
+    """Callable source: worker `bad` raises at its second batch, in its
+    first pass only (or in every pass when `recurring`)."""
+
+    def __init__(self, per_worker: int, bad: int = 1, recurring: bool = False) -> None:
+        self.per_worker = per_worker
+        self.bad = bad
+        self.recurring = recurring
+
+    def __call__(self) -> Iterator[tuple[Any, ...]]:
+        info = fastq.get_worker_info()
+        wid = -1 if info is None else info.id
+        _source_calls[0] += 1
+        first_pass = _source_calls[0] == 1
+        for k in range(self.per_worker):
+            if wid == self.bad and k == 1 and (self.recurring or first_pass):
+                raise OSError(f"the shard of worker {wid} is unreadable")
+            yield np.full(4, wid, np.int64), np.arange(4 * k, 4 * k + 4)
+
+
+class BrokenState(PatternDataset):
+    """Pickles, but cannot be rebuilt in a worker: its __setstate__ raises."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        raise RuntimeError("cannot reopen the database")
+
+
+class BrokenStateBatches(CountingBatches):
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        raise RuntimeError("cannot reopen the database")
+
+
+def prefetcher_in_this_process(conn: Any) -> None:
+    """Process target: tries to make a Prefetcher here and sends back what
+    came of it."""
+    try:
+        with fastq.Prefetcher(
+            PatternDataset(8), batch_size=4, workers=1, start_method="fork"
+        ) as pf:
+            conn.send(("ok", str(len(list(pf)))))
+    except Exception as exc:
+        conn.send((type(exc).__name__, str(exc)))
+    conn.close()
+
+
+class Texts(PatternDataset):
+    """Samples with a string label whose length varies."""
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:  # type: ignore[override]
+        return expected_image(i), "label-" + "x" * (i % 5)
+
+
+class MixedByteOrder(PatternDataset):
+    """Numeric leaves in big-endian byte order (every other sample)."""
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:  # type: ignore[override]
+        order = ">" if i % 2 else "<"
+        return (
+            np.arange(3, dtype=f"{order}i4") + i,
+            np.array(i / 2, dtype=">f8"),
+        )

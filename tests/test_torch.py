@@ -18,11 +18,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch_helpers.datasets import (  # noqa: E402
+    Datetimes,
     DictImages,
     Images,
     Indices,
     Rows,
-    Strings,
     expected,
     image,
 )
@@ -213,7 +213,7 @@ def test_bad_torch_options(kwargs: dict[str, Any], match: str) -> None:
 
 def test_dtype_without_torch_equivalent_is_a_spec_error() -> None:
     with pytest.raises(fastq.SpecError, match="no torch equivalent"):
-        TorchPrefetcher(Strings(8), batch_size=4, workers=1)
+        TorchPrefetcher(Datetimes(8), batch_size=4, workers=1)
 
 
 def test_prefetcher_arguments_are_checked_before_anything_starts() -> None:

@@ -43,7 +43,7 @@ class Run:
     worker_pss: list[int] = field(default_factory=list)  # bytes, per worker
     server_pss: int = 0  # the fork server or zygote, if any
     total_pss: int = 0  # the script and every process under it
-    served_by: str = ""  # what the workers' parent is
+    actual: str = ""  # the start method used: "default" resolved
     error: str | None = None
 
 
@@ -90,7 +90,7 @@ def describe(r: Run) -> str:
     pss = statistics.mean(r.worker_pss) / 1e6 if r.worker_pss else 0.0
     return (
         f"{r.loader} {r.method} w={r.workers}: first batch {r.first_batch_s:.3f} s, "
-        f"worker PSS {pss:.0f} MB ({r.served_by})"
+        f"worker PSS {pss:.0f} MB ({r.actual})"
     )
 
 
@@ -122,9 +122,9 @@ def table(runs: Sequence[Run]) -> str:
     ):
         ok = [r for r in rs if not r.error]
         label = f"{loader}, {method}"
-        served = sorted({r.served_by for r in ok})
-        if served and method == "default":
-            label += f" ({'/'.join(served)})"
+        actual = sorted({r.actual for r in ok})
+        if actual and method == "default":
+            label += f" ({'/'.join(actual)})"
         if not ok:
             lines.append(f"{label:34}  {w:>1}  {rs[0].error}")
             continue
@@ -146,19 +146,18 @@ def _order(loader: str, method: str) -> int:
 # ------------------------------------------------------------ one run
 
 
-def _served_by(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            comm = f.read().strip()
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read()
-    except OSError:
-        return "?"
-    if comm == "fastq-zygote":
-        return "zygote"
-    if b"multiprocessing.forkserver" in cmd:
-        return "forkserver"
-    return "script"
+def _actual(loader: str, method: str, server: int | None) -> str:
+    """The start method a run used: fastq's default is the zygote where one
+    can be forked (the workers' parent is then fastq's server)."""
+    if method != "default":
+        return method
+    if loader == "fastq":
+        from fastq import _zygote
+
+        return "zygote" if server and server == _zygote.server_pid() else "forkserver"
+    import multiprocessing
+
+    return multiprocessing.get_start_method()
 
 
 def _parent(pid: int) -> int:
@@ -203,6 +202,7 @@ def _measure(loader: str, method: str, workers: int) -> Run:
     del first
     me = os.getpid()
     servers = {_parent(p) for p in pids} - {me}
+    server = next(iter(servers), None)
     run = Run(
         loader,
         method,
@@ -211,7 +211,7 @@ def _measure(loader: str, method: str, workers: int) -> Run:
         worker_pss=[procstat.pss_bytes(p) for p in pids],
         server_pss=sum(procstat.pss_bytes(p) for p in servers),
         total_pss=procstat.total_pss(me),
-        served_by=_served_by(_parent(pids[0])),
+        actual=_actual(loader, method, server),
     )
     if loader == "fastq":
         feed.close()

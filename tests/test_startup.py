@@ -1,0 +1,345 @@
+"""The default start method's zygote: workers fork from a server forked from
+the script, so they share what it imported; a parent with threads falls
+back to the normal fork server; nothing outlives the script. Each script
+runs in a fresh interpreter, and the world is checked afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import alive
+
+import fastq
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the zygote is Linux-only"
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Imported by the scripts: every import of it appends this process's pid
+# to IMPORTS, so a second line is a second import.
+PROBE = """
+import os
+with open(os.environ["IMPORTS"], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+"""
+
+# Sample i: (i, worker's parent pid, whether the worker has `probe`).
+DATASET = """
+import os
+import sys
+
+import numpy as np
+
+
+class WhereAmI:
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return (
+            np.int64(i),
+            np.int64(os.getppid()),
+            np.int64("probe" in sys.modules),
+        )
+"""
+
+# The script's helpers: the pid serving its default-method workers, what
+# its workers report, and the processes that are left.
+COMMON = """
+import json, os, sys, threading, time
+import numpy as np
+import probe  # imported once, here; the workers must not import it again
+import fastq
+from fastq import _zygote as zygote
+from where import WhereAmI
+
+
+def take(**kw):
+    with fastq.Prefetcher(WhereAmI(), batch_size=4, workers=2, **kw) as pf:
+        rows = np.concatenate([b[0] for b in pf])
+        parents = sorted({int(p) for b in pf for p in b[1]})
+        probe_in_worker = all(int(x) for b in pf for x in b[2])
+        pids = list(pf._pool.pids)
+    return {
+        "rows": sorted(int(r) for r in rows),
+        "parents": parents,
+        "probe_in_worker": probe_in_worker,
+        "workers": pids,
+        "server": zygote.server_pid(),
+    }
+
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Path]:
+    (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "where.py").write_text(DATASET)
+    (tmp_path / "common.py").write_text(COMMON)
+    yield tmp_path
+
+
+def env_for(project: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(project), str(ROOT)])
+    env["IMPORTS"] = str(project / "imports.txt")
+    return env
+
+
+def run_script(project: Path, body: str, *args: str) -> list[dict[str, Any]]:
+    """Runs `body` as the script `main.py` in `project`; its JSON lines."""
+    script = project / "main.py"
+    script.write_text("from common import *\n\n" + textwrap.dedent(body))
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=project,
+        env=env_for(project),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines() if line[:1] == "{"]
+
+
+def imports(project: Path) -> list[int]:
+    return [int(x) for x in (project / "imports.txt").read_text().split()]
+
+
+def comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+def wait_gone(pids: list[int], seconds: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.02)
+    return [p for p in pids if alive(p)]
+
+
+MAIN = """
+if __name__ == "__main__":
+    say(**take(), me=os.getpid())
+"""
+
+
+def test_workers_share_the_scripts_imports(project: Path) -> None:
+    (out,) = run_script(project, MAIN)
+    assert out["rows"] == list(range(16))
+    # The workers' parent is the zygote, which this script started.
+    assert out["server"] is not None
+    assert out["parents"] == [out["server"]]
+    # `probe` is in the workers' modules, imported once: by the script,
+    # before the Prefetcher existed, not by the zygote or a worker.
+    assert out["probe_in_worker"]
+    assert imports(project) == [out["me"]]
+    assert wait_gone([out["server"], *out["workers"]]) == []
+
+
+def test_main_module_run_with_dash_m(project: Path) -> None:
+    (project / "entry.py").write_text("from common import *\n" + MAIN)
+    proc = subprocess.run(
+        [sys.executable, "-m", "entry"],
+        cwd=project,
+        env=env_for(project),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["parents"] == [out["server"]]
+    assert imports(project) == [out["me"]]
+
+
+def test_python_dash_c(project: Path) -> None:
+    code = "from common import *\nsay(**take(), me=os.getpid())\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=project,
+        env=env_for(project),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["rows"] == list(range(16))
+    assert out["parents"] == [out["server"]]
+    assert imports(project) == [out["me"]]
+
+
+def test_main_defined_source_refused_under_dash_c(project: Path) -> None:
+    """As under the normal fork server: workers cannot import a `-c` main."""
+    code = textwrap.dedent(
+        """
+        import fastq
+
+        class Local:
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, i):
+                return i
+
+        try:
+            fastq.Prefetcher(Local(), batch_size=2, workers=1)
+        except fastq.ConfigError as e:
+            print("refused:", e)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=project,
+        env=env_for(project),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "refused:" in proc.stdout and "Local" in proc.stdout
+
+
+def test_repeated_prefetchers_reuse_the_zygote(project: Path) -> None:
+    body = """
+    if __name__ == "__main__":
+        first = take()
+        # The first Prefetcher's threads run while the second starts: no
+        # new fork is needed, the zygote serves it.
+        with fastq.Prefetcher(WhereAmI(), batch_size=4, workers=1) as held:
+            next(iter(held))
+            second = take()
+        say(first=first, second=second, me=os.getpid())
+    """
+    (out,) = run_script(project, body)
+    server = out["first"]["server"]
+    assert server is not None and out["second"]["server"] == server
+    assert out["first"]["parents"] == out["second"]["parents"] == [server]
+    assert imports(project) == [out["me"]]
+
+
+def test_threaded_parent_falls_back_to_the_fork_server(project: Path) -> None:
+    body = """
+    if __name__ == "__main__":
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait)
+        t.start()
+        try:
+            out = take()
+            cmd = open(f"/proc/{out['parents'][0]}/cmdline", "rb").read()
+            out["parent_cmd"] = cmd.decode(errors="replace")
+        finally:
+            stop.set()
+            t.join()
+        say(**out)
+    """
+    (out,) = run_script(project, body)
+    assert out["rows"] == list(range(16))
+    assert out["server"] is None  # no zygote: a fork would not be safe
+    assert "multiprocessing.forkserver" in out["parent_cmd"]
+
+
+def test_script_that_sets_a_start_method_as_it_is_imported(project: Path) -> None:
+    """The zygote imports the script as a fresh interpreter would: a
+    start method set at import time does not clash with the parent's."""
+    body = """
+    import multiprocessing
+    multiprocessing.set_start_method("spawn")
+
+    if __name__ == "__main__":
+        say(**take(), me=os.getpid())
+    """
+    (out,) = run_script(project, body)
+    assert out["rows"] == list(range(16))
+    assert out["parents"] == [out["server"]]
+
+
+def test_script_that_fails_as_it_is_imported_falls_back(project: Path) -> None:
+    """A main module that cannot be imported as __mp_main__: no zygote; the
+    normal fork server's workers fail as they did before it."""
+    body = """
+    if __name__ != "__main__":
+        raise RuntimeError("only as a script")
+
+    try:
+        take()
+    except fastq.WorkerDied as e:
+        say(died=str(e), server=zygote.server_pid())
+    """
+    (out,) = run_script(project, body)
+    assert out["server"] is None
+    assert "worker" in out["died"]
+
+
+KEEP_RUNNING = """
+if __name__ == "__main__":
+    pf = fastq.Prefetcher(WhereAmI(), batch_size=4, workers=2)
+    next(iter(pf))
+    say(server=zygote.server_pid(), workers=pf._pool.pids)
+    time.sleep(60)
+"""
+
+
+def test_parent_killed_leaves_no_zygote_and_no_worker(project: Path) -> None:
+    script = project / "main.py"
+    script.write_text("from common import *\n" + KEEP_RUNNING)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=project,
+        env=env_for(project),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        out = json.loads(proc.stdout.readline())
+        pids = [out["server"], *out["workers"]]
+        assert all(alive(p) for p in pids)
+        assert comm(out["server"]) == "fastq-zygote"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert wait_gone(pids) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def test_parent_exit_leaves_nothing(project: Path) -> None:
+    body = """
+    if __name__ == "__main__":
+        pf = fastq.Prefetcher(WhereAmI(), batch_size=4, workers=2)
+        next(iter(pf))
+        say(server=zygote.server_pid(), workers=pf._pool.pids)
+        # No close(): the interpreter's exit tears everything down.
+    """
+    (out,) = run_script(project, body)
+    assert out["server"] is not None
+    assert wait_gone([out["server"], *out["workers"]]) == []
+
+
+def test_default_start_method_in_this_process() -> None:
+    """Under pytest too (a thread here means the normal fork server): the
+    default start method delivers every batch, and close() leaves nothing."""
+    from helpers import PatternDataset
+
+    with fastq.Prefetcher(PatternDataset(24), batch_size=4, workers=2) as pf:
+        got = sorted(int(i) for b in pf for i in b[1])
+    assert got == list(range(24))

@@ -1,0 +1,274 @@
+"""One training run through a trainer, for tests/test_trainers.py and
+benchmarks/trainers_first_batch.py: each rank records what its training
+steps saw into OUT_DIR/<route>-rank<r>.json.
+
+    python trainer_routes.py ROUTES OUT_DIR [--devices N] [--loader fastq|torch]
+                             [--epochs E] [--no-val]
+
+Routes: ``lightning-hook`` (the loaders come from the module's
+``*_dataloader`` hooks), ``lightning-toplevel`` (built before the Trainer and
+passed to ``fit``), both with ``--devices 2`` for DDP on CPU (Lightning's
+launcher re-runs this script for rank 1); ``accelerate-prepare`` (the loader
+goes through ``accelerator.prepare``), ``accelerate-sampler`` (only the model
+and optimizer do; the loader gets a DistributedSampler), and
+``accelerate-prefetcher`` (a TorchPrefetcher, which shards itself). The
+accelerate routes run under ``accelerate launch`` or torchrun for two
+processes. ``--loader torch`` swaps in torch's DataLoader, for comparison.
+
+Sample i is (features(i), i, producer, fastq epoch): the producer says which
+kind of process made it (2: a fastq worker, 1: a torch DataLoader worker,
+0: the training process), and the fastq epoch is the one its worker was
+producing (-1 outside fastq).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils.data
+
+import fastq
+
+N = 64  # a multiple of world size x batch size: no padding, no partial batch
+BATCH = 8
+FEATURES = 6
+VAL_N = 32
+
+T0 = time.perf_counter()
+
+
+class Labeled(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Sample i = (features(i), i, producer, fastq epoch)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int, int]:
+        i = int(i)
+        x = torch.sin(torch.arange(FEATURES, dtype=torch.float32) * (i + 1) / 7)
+        info = fastq.get_worker_info()
+        if info is not None:
+            return x, i, 2, info.epoch
+        if torch.utils.data.get_worker_info() is not None:
+            return x, i, 1, -1
+        return x, i, 0, -1
+
+
+class Record:
+    """What this rank's steps saw, written as JSON at the end."""
+
+    def __init__(self) -> None:
+        self.train: dict[int, list[int]] = {}
+        self.fastq_epochs: dict[int, list[int]] = {}
+        self.val: dict[int, list[int]] = {}
+        self.producers: set[int] = set()
+        self.first_batch_s: float | None = None
+        self.fit_start: float | None = None
+        self.loader_types: set[str] = set()
+        self.times: list[float] = []  # each training batch, from the start
+
+    def start(self) -> None:
+        self.fit_start = time.perf_counter()
+
+    def batch(self, epoch: int, batch: Any, val: bool = False) -> None:
+        _, labels, producers, fq_epochs = batch
+        if not val and self.fit_start is not None:
+            self.times.append(round(time.perf_counter() - self.fit_start, 3))
+        if not val and self.first_batch_s is None and self.fit_start is not None:
+            self.first_batch_s = time.perf_counter() - self.fit_start
+        target = self.val if val else self.train
+        target.setdefault(epoch, []).extend(int(i) for i in labels)
+        self.producers.update(int(p) for p in producers)
+        if not val:
+            seen = self.fastq_epochs.setdefault(epoch, [])
+            seen.extend(sorted({int(e) for e in fq_epochs} - set(seen)))
+
+    def write(self, out_dir: Path, route: str, rank: int, world_size: int) -> None:
+        data = {
+            "route": route,
+            "rank": rank,
+            "world_size": world_size,
+            "train": self.train,
+            "fastq_epochs": self.fastq_epochs,
+            "val": self.val,
+            "producers": sorted(self.producers),
+            "loader_types": sorted(self.loader_types),
+            "first_batch_s": self.first_batch_s,
+            "batch_times_s": self.times,
+            "cpu_s": round(time.process_time(), 2),
+            "wall_s": round(time.perf_counter() - T0, 2),
+            "pid": os.getpid(),
+        }
+        path = out_dir / f"{route}-rank{rank}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+
+
+def loader_class(kind: str) -> Any:
+    if kind == "torch":
+        return torch.utils.data.DataLoader
+    from fastq.torch import DataLoader
+
+    return DataLoader
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(FEATURES, 4)
+
+
+def loss_of(net: torch.nn.Module, batch: Any) -> torch.Tensor:
+    x, labels, _, _ = batch
+    return torch.nn.functional.cross_entropy(net(x), labels % 4)
+
+
+# ----------------------------------------------------------------- Lightning
+
+
+def run_lightning(route: str, args: argparse.Namespace) -> None:
+    import lightning as L
+
+    Loader = loader_class(args.loader)
+    record = Record()
+
+    def train_loader() -> Any:
+        return Loader(Labeled(N), batch_size=BATCH, shuffle=True, num_workers=2)
+
+    def val_loader() -> Any:
+        return Loader(Labeled(VAL_N), batch_size=BATCH, num_workers=2)
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model()
+
+        def on_fit_start(self) -> None:
+            record.start()  # after the launch and the process group's setup
+
+        def on_train_epoch_start(self) -> None:
+            record.loader_types.add(type(self.trainer.train_dataloader).__name__)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            record.batch(self.current_epoch, batch)
+            return loss_of(self.net, batch)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            if not self.trainer.sanity_checking:
+                record.batch(self.current_epoch, batch, val=True)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class FromHooks(Module):
+        def train_dataloader(self) -> Any:
+            return train_loader()
+
+        def val_dataloader(self) -> Any:
+            return val_loader() if args.val else []
+
+    kwargs: dict[str, Any] = {}
+    if args.devices > 1:
+        kwargs["strategy"] = "ddp"
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=args.devices,
+        max_epochs=args.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=1.0 if args.val else 0,
+        **kwargs,
+    )
+    if route == "lightning-toplevel":
+        trainer.fit(
+            Module(),
+            train_dataloaders=train_loader(),
+            val_dataloaders=val_loader() if args.val else None,
+        )
+    elif route == "lightning-hook":
+        trainer.fit(FromHooks())
+    else:
+        raise SystemExit(f"unknown route {route!r}")
+    record.write(args.out_dir, route, trainer.global_rank, trainer.world_size)
+
+
+# ---------------------------------------------------------------- accelerate
+
+
+def run_accelerate(route: str, args: argparse.Namespace, accelerator: Any) -> None:
+    rank, world = accelerator.process_index, accelerator.num_processes
+    record = Record()
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    record.start()
+    Loader = loader_class(args.loader)
+    if route == "accelerate-prepare":
+        loader: Any = Loader(Labeled(N), batch_size=BATCH, shuffle=True, num_workers=2)
+        net, opt, loader = accelerator.prepare(net, opt, loader)
+    elif route == "accelerate-sampler":
+        sampler = torch.utils.data.DistributedSampler(
+            Labeled(N), num_replicas=world, rank=rank, shuffle=True
+        )
+        loader = Loader(Labeled(N), batch_size=BATCH, sampler=sampler, num_workers=2)
+        net, opt = accelerator.prepare(net, opt)
+    elif route == "accelerate-prefetcher":
+        from fastq.torch import TorchPrefetcher
+
+        loader = TorchPrefetcher(Labeled(N), batch_size=BATCH, shuffle=True, workers=2)
+        net, opt = accelerator.prepare(net, opt)
+    else:
+        raise SystemExit(f"unknown route {route!r}")
+    # What iterates: accelerate's DataLoaderShard wraps a new loader in
+    # base_dataloader (and says it is that loader's class).
+    inner = getattr(loader, "base_dataloader", loader)
+    record.loader_types.add(type(loader).__name__)
+    record.loader_types.add(f"{type(inner).__module__}.{type(inner).__name__}")
+    for epoch in range(args.epochs):
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        for batch in loader:
+            record.batch(epoch, batch)
+            opt.zero_grad()
+            accelerator.backward(loss_of(net, batch))
+            opt.step()
+    if hasattr(loader, "close"):
+        loader.close()
+    record.write(args.out_dir, route, rank, world)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("routes", help="comma-separated routes, run one after another")
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--loader", choices=["fastq", "torch"], default="fastq")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--no-val", dest="val", action="store_false")
+    args = p.parse_args()
+    accelerator = None
+    for route in args.routes.split(","):
+        if route.startswith("lightning"):
+            run_lightning(route, args)
+            continue
+        if accelerator is None:
+            from accelerate import Accelerator
+
+            accelerator = Accelerator(cpu=True)
+        run_accelerate(route, args, accelerator)
+    if accelerator is not None:
+        accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()
