@@ -321,9 +321,16 @@ def _name_process(parent: int) -> None:
     except (OSError, IndexError, ValueError):
         return
     size = end - start
-    if 0 < size < 1 << 20:
-        title = f"fastq-forkserver (zygote of {parent})".encode()[: size - 1]
-        ctypes.memmove(start, title.ljust(size, b"\0"), size)
+    if not 0 < size < 1 << 20:
+        return
+    # The longest that fits; "forkserver" in it, as in multiprocessing's own
+    # server's command line, for tools that look for that.
+    for title in (f"fastq-forkserver (zygote of {parent})", "fastq-forkserver"):
+        if len(title) < size:
+            break
+    else:
+        title = "forkserver"[: size - 1]
+    ctypes.memmove(start, title.encode().ljust(size, b"\0"), size)
 
 
 def _reset_signal_handlers() -> None:
