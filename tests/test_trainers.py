@@ -83,40 +83,34 @@ def check_epochs(
 
 # ----------------------------------------------------------------- Lightning
 
-LIGHTNING = ["lightning-hook", "lightning-toplevel"]
+# The top-level loader first: under DDP its rank 0 copy is built before
+# Lightning launches rank 1, and rank 1's while Lightning's launcher has set
+# WORLD_SIZE but not RANK. Then a second fit in the same processes, with the
+# loaders from the module's hooks.
+LIGHTNING = ["lightning-toplevel", "lightning-hook"]
 
 
-@pytest.fixture(scope="module")
-def lightning_one(
-    tmp_path_factory: pytest.TempPathFactory,
+@pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "ddp2"])
+def lightning_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, list[dict[str, Any]]]:
     pytest.importorskip("lightning")
-    out = tmp_path_factory.mktemp("lightning1")
-    return run_routes(out, ",".join(LIGHTNING), launcher="lightning", timeout=150)
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("route", LIGHTNING)
-def test_lightning_one_process(
-    lightning_one: dict[str, list[dict[str, Any]]], route: str
-) -> None:
-    """Trainer(devices=1, max_epochs=2): the loader from the module's hooks,
-    or built first and passed to fit(); with a validation loader."""
-    records = lightning_one[route]
-    check_epochs(records, FASTQ, val=True)
-    assert records[0]["loader_types"] == ["DataLoader"]
+    processes = int(request.param)
+    out = tmp_path_factory.mktemp(f"lightning{processes}")
+    return run_routes(
+        out, ",".join(LIGHTNING), processes=processes, launcher="lightning", timeout=200
+    )
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("route", LIGHTNING)
-def test_lightning_ddp_two_processes(tmp_path: Path, route: str) -> None:
-    """strategy="ddp", devices=2 on CPU: Lightning re-creates the fastq
-    DataLoader with a DistributedSampler (for the top-level loader, from its
-    attributes), and the two ranks split every epoch between them."""
-    pytest.importorskip("lightning")
-    records = run_routes(
-        tmp_path, route, processes=2, launcher="lightning", timeout=200
-    )[route]
+def test_lightning(lightning_runs: dict[str, list[dict[str, Any]]], route: str) -> None:
+    """Trainer(accelerator="cpu", max_epochs=2) with devices=1, or with
+    strategy="ddp", devices=2 (Lightning re-creates the fastq DataLoader with
+    a DistributedSampler: for the top-level loader from its attributes), a
+    shuffled training loader and a validation loader: the ranks split every
+    epoch between them, and fastq's workers make every batch."""
+    records = lightning_runs[route]
     check_epochs(records, FASTQ, val=True)
     for r in records:
         assert r["loader_types"] == ["DataLoader"]

@@ -12,8 +12,9 @@ launcher re-runs this script for rank 1); ``accelerate-prepare`` (the loader
 goes through ``accelerator.prepare``), ``accelerate-sampler`` (only the model
 and optimizer do; the loader gets a DistributedSampler), and
 ``accelerate-prefetcher`` (a TorchPrefetcher, which shards itself). The
-accelerate routes run under ``accelerate launch`` or torchrun for two
-processes. ``--loader torch`` swaps in torch's DataLoader, for comparison.
+accelerate routes run under torchrun for two processes (``accelerate launch
+--cpu --num_processes 2`` starts one). Several routes run one after another
+in the same processes. ``--loader torch`` swaps in torch's DataLoader.
 
 Sample i is (features(i), i, producer, fastq epoch): the producer says which
 kind of process made it (2: a fastq worker, 1: a torch DataLoader worker,
@@ -40,7 +41,7 @@ BATCH = 8
 FEATURES = 6
 VAL_N = 32
 
-T0 = time.perf_counter()
+T0 = time.perf_counter()  # the script's start, for wall_s
 
 
 class Labeled(torch.utils.data.Dataset):  # type: ignore[type-arg]
