@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _report
+from ._packing import PackedSpec
 from ._ring import (
     ALERT,
     CLOSED,
@@ -102,7 +103,7 @@ class Feed:
         self.host = host
         self.fatal_errors = fatal_errors
         self.indices_of = indices_of
-        self.packed = not hasattr(spec, "views")
+        self.packed = isinstance(spec, PackedSpec)
         self.live = 0  # which `for` loop is current
         # The loop that was current when the Prefetcher closed (or this
         # process was forked from the consumer), and why: it raises

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ._ring import NO_TASK, Ring
+from ._ring import Ring
 from .errors import ConfigError
 
 # task, epoch, batch in epoch, count, kind, payload bytes
@@ -161,4 +161,4 @@ def _as_int_indices(indices: Any) -> np.ndarray[Any, Any] | None:
     return arr.astype(np.int64, copy=False)
 
 
-__all__ = ["NO_TASK", "Plan", "PlanLayout", "PlanTable"]
+__all__ = ["Plan", "PlanLayout", "PlanTable"]

@@ -16,11 +16,11 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from ._consumer import Feed, _PassIterator
+from ._consumer import Feed
 from ._packing import Codec, PackedSpec, unpack
 from ._plan import Plan, PlanLayout, PlanTable
 from ._pool import WorkerPool
-from ._prefetcher import _SPIN_NS, Prefetcher
+from ._prefetcher import _SPIN_NS, Prefetcher, _in_main_thread
 from ._ring import MAX_SLOTS, Ring, SlotLease, region_size
 from ._shm import PAGE_SIZE, Region
 from ._worker import WorkerConfig
@@ -345,10 +345,4 @@ class _PlannedEpochIterator:
         return batch
 
 
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-__all__ = ["PackedSource", "PlannedPrefetcher", "_PassIterator"]
+__all__ = ["PackedSource", "PlannedPrefetcher"]

@@ -21,7 +21,6 @@ from . import _report, _zygote
 from ._plan import PlanLayout
 from ._ring import NO_TASK, OWNER_READY, OWNER_WORKER, READY, Ring
 from ._shm import Region, SharedFd, anonymous_file
-from ._spec import BatchSpec
 from ._worker import STARTUP_NOTE, WorkerConfig, worker_main
 from .errors import ConfigError, FetchTimeout, WorkerDied
 
@@ -58,16 +57,10 @@ def get_context(start_method: str | None) -> Any:
         # server, the same start method, only slower to start.
     ctx = mp.get_context(method)
     if method == "forkserver":
-        # Workers fork from a server that already imported fastq and numpy,
-        # instead of each worker importing them again. The main module must
-        # be import-safe (`if __name__ == "__main__":`), as under spawn.
-        # CPython (3.11 to 3.13 at least) never preloads "__main__" itself:
-        # ForkServer passes forkserver.main no main_path. Each worker then
-        # runs the main script, and imports torch with it, every time
-        # workers start (each epoch without persistent_workers): torch is
-        # preloaded by name when this process has it.
-        torch = ["torch"] if "torch" in sys.modules else []
-        ctx.set_forkserver_preload(["__main__", "fastq._worker", *torch])
+        # Workers fork from a server that already imported what they need.
+        # The main module must be import-safe (`if __name__ == "__main__":`),
+        # as under spawn.
+        ctx.set_forkserver_preload(_zygote.forkserver_preload())
     return ctx
 
 

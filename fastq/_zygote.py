@@ -31,9 +31,19 @@ except ImportError:  # no descriptor passing: no forkserver at all
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
-# What fastq's workers preload if the zygote is gone and multiprocessing
-# starts a normal fork server in its place (as get_context does otherwise).
-_FALLBACK_PRELOAD = ["__main__", "fastq._worker"]
+
+
+def forkserver_preload() -> list[str]:
+    """What a normal fork server preloads for fastq's workers (get_context's
+    fallback, and the server multiprocessing starts if the zygote is gone):
+    fastq and numpy through fastq._worker, and torch when this process has
+    it. CPython (3.11 to 3.13 at least) never preloads "__main__" itself
+    (ForkServer passes forkserver.main no main_path), so each worker runs
+    the main script and would import torch with it every time workers start
+    (each epoch without persistent_workers)."""
+    torch = ["torch"] if "torch" in sys.modules else []
+    return ["__main__", "fastq._worker", *torch]
+
 # CPython's ForkServer attributes the zygote takes the place of (3.9-3.14;
 # 3.14 adds _forkserver_authkey). A version without them gets no zygote.
 _SERVER_ATTRS = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid")
@@ -215,7 +225,7 @@ def _start() -> Any:
     server._forkserver_address = address
     server._forkserver_alive_fd = alive_w
     server._forkserver_pid = pid
-    server._preload_modules = list(_FALLBACK_PRELOAD)
+    server._preload_modules = forkserver_preload()
     return server
 
 

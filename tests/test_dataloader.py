@@ -5,6 +5,7 @@ where there is something to compare."""
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from typing import Any
 
@@ -364,3 +365,91 @@ class Slow(torch.utils.data.Dataset):  # type: ignore[type-arg]
 def test_prefetcher_refuses_a_torch_iterable_dataset_with_a_len() -> None:
     with pytest.raises(fastq.ConfigError, match="fastq.torch.DataLoader"):
         fastq.Prefetcher(Sharded(8), batch_size=2, workers=1)
+
+
+def test_an_abandoned_epoch_leaves_the_next_one_whole_with_persistent_workers() -> None:
+    # The next epoch's plans reuse entries that the abandoned epoch's tasks
+    # in flight may still read: those tasks are skipped, never mixed in.
+    loader = DataLoader(Mixed(60), batch_size=2, num_workers=2, persistent_workers=True)
+    for _ in range(3):
+        it = iter(loader)
+        next(it)
+        next(it)
+        del it
+        got = [x for b in loader for x in b[1].tolist()]
+        assert got == list(range(60))
+    loader.close()
+
+
+def test_a_killed_worker_is_workerdied_and_the_next_epoch_starts_afresh() -> None:
+    import signal
+
+    loader = DataLoader(Mixed(400), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    engine = loader._engine
+    assert engine is not None and engine._pool is not None
+    os.kill(engine._pool.pids[1], signal.SIGKILL)
+    with pytest.raises(fastq.WorkerDied, match="SIGKILL"):
+        for _ in it:
+            pass
+    del it
+    assert len(list(loader)) == 200  # new workers, every batch
+
+
+def test_ctrl_c_while_waiting_then_running_the_cell_again() -> None:
+    import signal
+    import threading
+
+    loader = DataLoader(SlowAt(6, 4), batch_size=2, num_workers=1)
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1]
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in it:
+            pass
+    timer.join()
+    del it
+    # The notebook user runs the cell again: a whole epoch, in order.
+    assert [x for b in loader for x in b.tolist()] == list(range(6))
+
+
+def test_a_helper_forked_mid_epoch_takes_no_batch() -> None:
+    loader = DataLoader(Mixed(40), batch_size=2, num_workers=2)
+    it = iter(loader)
+    got = next(it)[1].tolist()
+    pid = os.fork()
+    if pid == 0:  # the helper: iterating the parent's loop must fail
+        code = 1
+        try:
+            next(it)
+        except fastq.PrefetcherClosed:
+            code = 0
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    got += [x for b in it for x in b[1].tolist()]
+    assert got == list(range(40))
+
+
+class SlowAt(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Sample i is i; sample `slow` takes 3 s in the first epoch's workers."""
+
+    def __init__(self, n: int, slow: int) -> None:
+        self.n = n
+        self.slow = slow
+        self.slept = False
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import time
+
+        if i == self.slow and not self.slept:
+            self.slept = True
+            time.sleep(3)
+        return i

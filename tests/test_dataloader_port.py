@@ -56,6 +56,19 @@ AGAINST = os.environ.get("FASTQ_PORT_AGAINST", "fastq")
 if AGAINST not in ("fastq", "torch"):
     raise ValueError(f"FASTQ_PORT_AGAINST={AGAINST!r}: use 'fastq' or 'torch'")
 FASTQ = AGAINST == "fastq"
+# Why a ported test is expected to fail against fastq.
+FIRST_BATCH_ERROR = (
+    "limitation: an exception in the first batch of a loader's first epoch "
+    "is raised by iter() (slots are sized from that batch) and ends the epoch"
+)
+INTERLEAVED = (
+    "migration table: an IterableDataset's batches are interleaved as worke"
+    "rs make them, not round-robin"
+)
+EMPTY_WORKER_0 = (
+    "limitation: worker 0 sizes the slots from its first batch; an Iterable"
+    "Dataset shard that leaves worker 0 empty gives an empty epoch"
+)
 
 START_METHODS = [
     m for m in ("fork", "forkserver", "spawn") if m in mp.get_all_start_methods()
@@ -756,7 +769,7 @@ def test_nested_tensor_multiprocessing(DataLoader: Any) -> None:
 @pytest.mark.xfail(
     FASTQ,
     strict=True,
-    reason="limitation: an exception in the first batch of a loader's first epoch is raised by iter() (slots are sized from that batch) and ends the epoch",
+    reason=FIRST_BATCH_ERROR,
 )
 def test_error(DataLoader: Any) -> None:
     """test_dataloader.py: TestDataLoader.test_error (every batch raises
@@ -768,7 +781,7 @@ def test_error(DataLoader: Any) -> None:
 @pytest.mark.xfail(
     FASTQ,
     strict=True,
-    reason="limitation: an exception in the first batch of a loader's first epoch is raised by iter() (slots are sized from that batch) and ends the epoch",
+    reason=FIRST_BATCH_ERROR,
 )
 @PERSISTENT
 def test_error_workers(DataLoader: Any, persistent_workers: bool) -> None:
@@ -954,7 +967,7 @@ def test_dataset_not_reset(DataLoader: Any) -> None:
 @pytest.mark.xfail(
     FASTQ,
     strict=False,
-    reason="migration table: an IterableDataset's batches are interleaved as workers make them, not round-robin",
+    reason=INTERLEAVED,
 )
 @PERSISTENT
 def test_multi_epochs_reproducibility(
@@ -1202,7 +1215,7 @@ def test_iterable_style_dataset_default_num_workers(DataLoader: Any) -> None:
 @pytest.mark.xfail(
     FASTQ,
     strict=False,
-    reason="limitation: worker 0 sizes the slots from its first batch; an IterableDataset shard that leaves worker 0 empty gives an empty epoch",
+    reason=EMPTY_WORKER_0,
 )
 @pytest.mark.parametrize("prefetch_factor", [2, 4])
 def test_iterable_style_dataset_workers_nobatch(
@@ -1223,7 +1236,7 @@ def test_iterable_style_dataset_workers_nobatch(
 @pytest.mark.xfail(
     FASTQ,
     strict=False,
-    reason="limitation: worker 0 sizes the slots from its first batch; an IterableDataset shard that leaves worker 0 empty gives an empty epoch",
+    reason=EMPTY_WORKER_0,
 )
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_iterable_style_dataset_workers_batched(

@@ -28,7 +28,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
 from .._planned import PlannedPrefetcher
 from .._pool import get_context
-from .._prefetcher import default_workers
+from .._prefetcher import _as_int, _positive_int, default_workers
 from ..errors import ConfigError, FetchTimeout, WorkerError
 from ._worker_side import IterableSource, MapSource
 
@@ -94,29 +94,26 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
     ) -> None:
         if num_workers is None:
             num_workers = default_workers()
-        elif isinstance(num_workers, bool) or not hasattr(num_workers, "__index__"):
-            raise ConfigError(
-                f"num_workers={num_workers!r}: expected an int >= 0 (0 loads "
-                "in this process), or None for fastq's default"
-            )
-        num_workers = int(num_workers)
-        for name, value in (
-            ("slots", slots),
-            ("slot_bytes", slot_bytes),
-            ("max_batch_size", max_batch_size),
-        ):
-            if value is not None and (
-                isinstance(value, bool) or not hasattr(value, "__index__") or value < 1
-            ):
+        else:
+            count = _as_int(num_workers)
+            if count is None or count < 0:
                 raise ConfigError(
-                    f"{name}={value!r}: expected a positive int, or None for "
-                    "the default"
+                    f"num_workers={num_workers!r}: expected an int >= 0 (0 loads "
+                    "in this process), or None for fastq's default"
                 )
+            num_workers = count
+        fix = "or None for the default"
         # fastq's own arguments are attributes of the same name, so a trainer
         # that re-creates the loader from its attributes keeps them.
-        self.slots = slots
-        self.slot_bytes = slot_bytes
-        self.max_batch_size = max_batch_size
+        self.slots = None if slots is None else _positive_int("slots", slots, fix)
+        self.slot_bytes = (
+            None if slot_bytes is None else _positive_int("slot_bytes", slot_bytes, fix)
+        )
+        self.max_batch_size = (
+            None
+            if max_batch_size is None
+            else _positive_int("max_batch_size", max_batch_size, fix)
+        )
         self.worker_threads = worker_threads
         self._engine: PlannedPrefetcher | None = None
         self._epoch = 0  # the next epoch's number
@@ -159,14 +156,15 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
     def set_epoch(self, epoch: int) -> None:
         """Names the next epoch, here and on the sampler (DistributedSampler's
         ``set_epoch``), so a resumed run starts where it stopped."""
-        if isinstance(epoch, bool) or not hasattr(epoch, "__index__") or epoch < 0:
+        e = _as_int(epoch)
+        if e is None or e < 0:
             raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
-        self._epoch = int(epoch)
+        self._epoch = e
         self._epoch_fixed = True
         for s in _samplers(self):
             set_epoch = getattr(s, "set_epoch", None)
             if callable(set_epoch):
-                set_epoch(int(epoch))
+                set_epoch(e)
 
     def _next_epoch(self) -> int:
         if not self._epoch_fixed:
