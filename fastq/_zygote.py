@@ -44,6 +44,7 @@ def forkserver_preload() -> list[str]:
     torch = ["torch"] if "torch" in sys.modules else []
     return ["__main__", "fastq._worker", *torch]
 
+
 # CPython's ForkServer attributes the zygote takes the place of (3.9-3.14;
 # 3.14 adds _forkserver_authkey). A version without them gets no zygote.
 _SERVER_ATTRS = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid")
@@ -68,6 +69,7 @@ class _State:
     the zygote (multiprocessing starts a normal one in its place if it dies)."""
 
     server: Any = None
+    pending: _Pending | None = None  # forked early, not yet known to be ready
     failed = False  # one could not start here: the script will not change
     in_zygote = False  # this process is a zygote or one of its workers
     script_main: Any = None  # in the zygote: the script's __main__ module
@@ -85,11 +87,15 @@ def _forget_in_forked_child() -> None:
     if _state.comm:
         _set_comm(_state.comm)
         _state.comm = b""
-    server = _state.server
-    _state.server = None
+    server, pending = _state.server, _state.pending
+    _state.server = _state.pending = None
     if server is not None and server._forkserver_alive_fd is not None:
         with contextlib.suppress(OSError):
             os.close(server._forkserver_alive_fd)
+    if pending is not None:
+        for fd in (pending.alive_w, pending.ready_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 if hasattr(os, "register_at_fork"):
@@ -118,13 +124,34 @@ def context() -> Any:
     if none runs and a fork is safe; None where there can be no zygote (a
     thread, CUDA, not Linux, a multiprocessing this module does not know)."""
     if _state.server is None:
-        if _state.failed or not _supported() or not _safe_to_fork():
-            return None
-        _state.server = _start()
+        pending, _state.pending = _state.pending, None
+        if pending is None:
+            if _state.failed or not _supported() or not _safe_to_fork():
+                return None
+            pending = _fork_zygote()
+        _state.server = None if pending is None else pending.wait_ready()
         if _state.server is None:
             _state.failed = True
             return None
     return _CONTEXT
+
+
+def start_early() -> None:
+    """Forks the zygote now, while this process has one thread, and lets it
+    import the main module alongside the script; the first workers wait
+    for it. Called as ``fastq.torch`` is imported: by the time a loader
+    starts its workers, torch.distributed, accelerate or a trainer has
+    usually started threads, and no zygote can be forked then."""
+    if (
+        _state.server is None
+        and _state.pending is None
+        and not _state.failed
+        and _supported()
+        and _safe_to_fork()
+    ):
+        _state.pending = _fork_zygote()
+        if _state.pending is None:
+            _state.failed = True
 
 
 def _supported() -> bool:
@@ -163,9 +190,47 @@ def _safe_to_fork() -> bool:
 # ------------------------------------------------------------ parent side
 
 
-def _start() -> Any:
-    """Forks the zygote and waits until it has imported the main module;
-    returns a ForkServer that asks it for workers, or None if it failed."""
+class _Pending:
+    """A zygote forked and importing the main module: ``wait_ready`` turns
+    it into a ForkServer that asks it for workers (None if it failed)."""
+
+    def __init__(
+        self, server: Any, pid: int, address: Any, alive_w: int, ready_r: int
+    ) -> None:
+        self.server = server
+        self.pid = pid
+        self.address = address
+        self.alive_w = alive_w
+        self.ready_r = ready_r
+
+    def wait_ready(self) -> Any:
+        ready = False
+        try:
+            # EOF instead of a byte: the zygote could not import the main
+            # module, or it started threads; the normal fork server is used.
+            ready = os.read(self.ready_r, 1) == b"1"
+        except OSError:  # it died already
+            pass
+        finally:  # Ctrl+C while it starts too: no zygote is left behind
+            os.close(self.ready_r)
+            if not ready:
+                os.kill(self.pid, signal.SIGKILL)  # harmless if it has exited
+                os.close(self.alive_w)
+                os.waitpid(self.pid, 0)
+                if not util.is_abstract_socket_namespace(self.address):
+                    os.unlink(self.address)
+        if not ready:
+            return None
+        server = self.server
+        server._forkserver_address = self.address
+        server._forkserver_alive_fd = self.alive_w
+        server._forkserver_pid = self.pid
+        server._preload_modules = forkserver_preload()
+        return server
+
+
+def _fork_zygote() -> _Pending | None:
+    """Forks the zygote, which then imports the main module on its own."""
     server: Any = forkserver.ForkServer()
     uses_authkey = hasattr(server, "_forkserver_authkey")
     listener = socket.socket(socket.AF_UNIX)
@@ -196,37 +261,16 @@ def _start() -> Any:
     for fd in [listener_fd, alive_r, ready_w, authkey_r]:
         if fd >= 0:
             os.close(fd)
-    try:
-        if uses_authkey:
-            server._forkserver_authkey = os.urandom(32)
+    pending = _Pending(server, pid, address, alive_w, ready_r)
+    if uses_authkey:
+        server._forkserver_authkey = os.urandom(32)
+        try:
             os.write(authkey_w, server._forkserver_authkey)
+        except OSError:  # it died already: wait_ready reads EOF
+            pass
+        finally:
             os.close(authkey_w)
-            authkey_w = -1
-        # EOF instead of a byte: the zygote could not import the main
-        # module, or it started threads; the normal fork server is used.
-        ready = os.read(ready_r, 1) == b"1"
-    except OSError:  # it died already
-        ready = False
-    except BaseException:  # Ctrl+C while it starts: no zygote is left behind
-        ready = False
-        raise
-    finally:
-        for fd in [ready_r, authkey_w]:
-            if fd >= 0:
-                os.close(fd)
-        if not ready:
-            os.kill(pid, signal.SIGKILL)  # harmless if it has exited
-            os.close(alive_w)
-            os.waitpid(pid, 0)
-            if not util.is_abstract_socket_namespace(address):
-                os.unlink(address)
-    if not ready:
-        return None
-    server._forkserver_address = address
-    server._forkserver_alive_fd = alive_w
-    server._forkserver_pid = pid
-    server._preload_modules = forkserver_preload()
-    return server
+    return pending
 
 
 def _fork(listener_fd: int, alive_r: int, ready_w: int, authkey_r: int) -> int:
@@ -273,6 +317,7 @@ def _zygote_main(
         _release_inherited(keep={0, 1, 2, listener_fd, alive_r, ready_w, authkey_r})
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _forget_parent_servers()
+        _forget_unfinished_imports()
         imported = _import_main()
         _reset_signal_handlers()
         for stream in (sys.stdout, sys.stderr):
@@ -389,6 +434,16 @@ def _forget_parent_servers() -> None:
     for name in (*_SERVER_ATTRS, "_forkserver_authkey", "_inherited_fds"):
         if hasattr(fs, name):
             setattr(fs, name, None)
+
+
+def _forget_unfinished_imports() -> None:
+    """A zygote forked early (from inside ``import fastq.torch``, itself
+    perhaps inside the import of a module of the script's) inherits those
+    modules half-executed, and their code never finishes here: they are
+    imported afresh with the main module."""
+    for name, module in list(sys.modules.items()):
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            del sys.modules[name]
 
 
 def _import_main() -> bool:

@@ -343,3 +343,75 @@ def test_default_start_method_in_this_process() -> None:
     with fastq.Prefetcher(PatternDataset(24), batch_size=4, workers=2) as pf:
         got = sorted(int(i) for b in pf for i in b[1])
     assert got == list(range(24))
+
+
+# ------------------------------------------------------ forked at import
+
+
+def test_zygote_forked_at_import_serves_a_threaded_parent(project: Path) -> None:
+    """`import fastq.torch` forks the zygote while the script has one thread:
+    a loader whose workers start after torch.distributed (or a trainer)
+    started threads still gets workers that share the script's imports."""
+    body = """
+    import fastq.torch
+
+    if __name__ == "__main__":
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait)  # torch.distributed's, say
+        t.start()
+        try:
+            say(**take(), zygote_comm=open(
+                f"/proc/{zygote.server_pid()}/comm").read().strip())
+        finally:
+            stop.set()
+            t.join()
+    """
+    (out,) = run_script(project, body)
+    assert out["rows"] == list(range(16))
+    assert out["zygote_comm"] == "fastq-zygote"
+    assert out["parents"] == [out["server"]]
+    assert out["probe_in_worker"]
+    assert len(imports(project)) == 1  # the zygote inherited the script's
+
+
+def test_zygote_forked_inside_a_modules_import(project: Path) -> None:
+    """The zygote is forked from inside `import fastq.torch`, itself inside
+    the import of one of the script's modules: it imports them afresh, and
+    what that module defines after the import reaches the workers."""
+    (project / "data.py").write_text(
+        textwrap.dedent(
+            """
+            import fastq.torch
+            from where import WhereAmI
+
+
+            class Later(WhereAmI):
+                pass
+            """
+        )
+    )
+    body = """
+    import data
+
+    if __name__ == "__main__":
+        with fastq.Prefetcher(data.Later(), batch_size=4, workers=2) as pf:
+            rows = sorted(int(r) for b in pf for r in b[0])
+            parents = sorted({int(p) for b in pf for p in b[1]})
+        say(rows=rows, parents=parents, server=zygote.server_pid())
+    """
+    (out,) = run_script(project, body)
+    assert out["rows"] == list(range(16))
+    assert out["parents"] == [out["server"]]
+
+
+def test_zygote_forked_at_import_and_never_used_leaves_nothing(
+    project: Path,
+) -> None:
+    body = """
+    import fastq.torch
+
+    if __name__ == "__main__":
+        say(pending=zygote._state.pending.pid)
+    """
+    (out,) = run_script(project, body)
+    assert wait_gone([out["pending"]]) == []

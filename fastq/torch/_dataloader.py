@@ -26,6 +26,7 @@ import torch
 import torch.utils.data
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
+from .. import _zygote
 from .._planned import PlannedPrefetcher
 from .._pool import get_context
 from .._prefetcher import _as_int, _positive_int, default_workers
@@ -139,6 +140,10 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        if self.num_workers > 0 and multiprocessing_context is None:
+            # Where the import could not (a rank bootstrapped by spawn), the
+            # workers' zygote is forked now, before a process group's threads.
+            _zygote.start_early()
 
     # ------------------------------------------------------------- epochs
 

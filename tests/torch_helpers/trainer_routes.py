@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,21 @@ import torch
 import torch.utils.data
 
 import fastq
+
+
+def _loader_flag(argv: list[str]) -> str:
+    for i, arg in enumerate(argv):
+        if arg == "--loader" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--loader="):
+            return arg.split("=", 1)[1]
+    return "fastq"
+
+
+if _loader_flag(sys.argv) == "fastq":
+    # At the top, as a training script moved to fastq imports its loader
+    # (its workers' zygote is forked here, before any trainer's threads).
+    import fastq.torch
 
 N = 64  # a multiple of world size x batch size: no padding, no partial batch
 BATCH = 8
