@@ -288,26 +288,20 @@ class Feed:
 
     def worker_error(self, lease: SlotLease) -> Exception:
         """The error a worker published in place of a batch."""
-        task, worker, sample = lease.task, lease.worker, lease.sample
+        task, worker = lease.task, lease.worker
         report = _report.decode(memoryview(lease)[: lease.payload_bytes])
-        where = f"batch {task}"
-        sample_index = None
         indices: Any = None
         if self.sampler is not None:
             indices = self.sampler.batch_indices(task)
         elif self.indices_of is not None:
             indices = self.indices_of(task)
-        if indices is not None and sample < len(indices):
-            sample_index = indices[sample]
-            if isinstance(sample_index, np.integer):
-                sample_index = int(sample_index)
-            where += f", sample {sample_index!r}"
-        return report.error(
+        return batch_error(
+            report,
             worker=worker,
             pid=self.pool.pids[worker],
-            where=where,
             task=task,
-            sample=sample_index,
+            position=lease.sample,
+            indices=indices,
         )
 
     def worker_died(self, failure: WorkerDied) -> WorkerDied:
@@ -366,6 +360,29 @@ class Feed:
 
 # Feeds alive in this process, for the fork hook below.
 _live_feeds: weakref.WeakSet[Feed] = weakref.WeakSet()
+
+
+def batch_error(
+    report: _report.Report,
+    *,
+    worker: int,
+    pid: int,
+    task: int,
+    position: int,
+    indices: Any,
+) -> Exception:
+    """The exception for a worker's report on batch ``task``, naming the
+    sample at ``position`` of its ``indices`` when both are known."""
+    where = f"batch {task}"
+    sample_index = None
+    if indices is not None and 0 <= position < len(indices):
+        sample_index = indices[position]
+        if isinstance(sample_index, np.integer):
+            sample_index = int(sample_index)
+        where += f", sample {sample_index!r}"
+    return report.error(
+        worker=worker, pid=pid, where=where, task=task, sample=sample_index
+    )
 
 
 def _close_loops_in_forked_child() -> None:

@@ -16,7 +16,8 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from ._consumer import Feed
+from . import _report
+from ._consumer import Feed, batch_error
 from ._packing import Codec, PackedSpec, unpack
 from ._plan import Plan, PlanLayout, PlanTable
 from ._pool import WorkerPool
@@ -102,14 +103,32 @@ class PlannedPrefetcher(Prefetcher):
         self._epoch_batches: Iterator[Sequence[Any]] | None = first
         self._exhausted = False  # the epoch's sampler has run out
         self._entries = max(2 * (slots + 1), 8)
+        self._planned = 0  # next task to plan
+        self._epoch = epoch
+        self._epoch_start = 0
+        self._epoch_count = 0  # batches planned in this epoch
+        self._planned_indices: dict[int, Sequence[Any]] = {}
+        self._max_bytes = slot_bytes
+        # Until the ring exists: which worker is making a first batch (and
+        # of which task), the error it answered, and the errors handed out.
+        self._sized = False  # the ring and its Feed exist
+        self._asked: int | None = None  # worker whose answer is due
+        self._asked_task = -1
+        self._probed = 0  # the worker asked last
+        self._early_error: Exception | None = None
+        self._early_handed = 0
+        self._ended = False  # no first batch is left to ask for
+        self._live = 0  # the current loop's token until the Feed exists
+        self._passes = 0
         first_plan = None
         if first is not None:
             self._take_ahead(self._entries)
             if not self._ahead:
                 raise ValueError("an empty epoch needs no workers")
             max_rows = max(max_rows, *(len(b) for b in self._ahead))
-            first_plan = Plan(0, epoch, 0, list(self._ahead[0]))
         self.max_rows = max_rows
+        if first is not None:
+            first_plan = self._next_plan()
 
         configs = [
             WorkerConfig(
@@ -136,57 +155,178 @@ class PlannedPrefetcher(Prefetcher):
         ]
         try:
             self._pool = WorkerPool(ctx, configs, None)
-            spec: PackedSpec = self._pool.receive_spec(timeout)
-            if slot_bytes is not None:
-                spec = PackedSpec(slot_bytes)
-            self._spec = spec  # type: ignore[assignment]
-            ring_slots = min(slots + 1, MAX_SLOTS)
-            ring_bytes = region_size(ring_slots, workers, spec.slot_bytes, PAGE_SIZE)
-            plan = None
-            size = ring_bytes
-            if first is not None:
-                plan = PlanLayout.for_batches(ring_bytes, self._entries, max_rows)
-                size += plan.nbytes
-            self._region = Region.create(size)
-            self._ring = Ring.create(
-                self._region.mapping,
-                ring_slots,
-                workers,
-                spec.slot_bytes,
-                PAGE_SIZE,
-                _SPIN_NS,
-            )
-            self._plans: PlanTable | None = None
-            self._planned_indices: dict[int, Sequence[Any]] = {}
-            if plan is not None:
-                self._plans = PlanTable(self._ring, self._region.mapping, plan)
-                # Task 0 is worker 0's, made already; the others claim on.
-                self._ring.skip_tasks_to(1)
-            self._feed = Feed(
-                self._ring,
-                self._pool,
-                self._spec,
-                None,
-                ordered=ordered,
-                timeout=timeout,
-                copy=False,
-                spin_s=_SPIN_NS / 1e9,
-                host=weakref.proxy(self),
-                fatal_errors=False,
-                indices_of=self._planned_indices.get,
-            )
-            self._planned = 0  # next task to plan
-            self._epoch = epoch
-            self._epoch_start = 0
-            self._epoch_count = 0  # batches planned in this epoch
+            self._asked = 0
+            self._asked_task = 0 if first_plan is not None else -1
             self._first_epoch_pending = first is not None
-            if first is not None:
-                self._fill()
-            self._pool.send_region(self._region, size, spec, self._ring, plan)
+            self._answer()
         except BaseException:
             self._teardown()
             raise
         self._closed = False
+
+    # ---------------------------------------------- before the ring exists
+
+    @property
+    def sizing(self) -> bool:
+        """No batch has been made yet, so there are no slots: every first
+        batch so far raised (each is raised at its turn), or an iterable's
+        first workers had nothing. Such an engine serves one epoch or pass;
+        the DataLoader starts a new one for the next."""
+        return not self._sized
+
+    def _next_plan(self) -> Plan | None:
+        """The epoch's next batch, planned as a task (None: epoch over)."""
+        self._take_ahead(1)
+        if not self._ahead:
+            return None
+        indices = self._ahead.popleft()
+        self._check_rows(indices)
+        task = self._planned
+        self._planned += 1
+        self._planned_indices[task] = indices
+        self._epoch_count += 1
+        return Plan(task, self._epoch, self._epoch_count - 1, list(indices))
+
+    def _ask(self, fresh: bool = False) -> bool:
+        """Asks for the next first batch (a planned source's next task, or
+        an iterable worker's next batch); False if there is none to ask."""
+        payload: Any = fresh
+        if self._is_map:
+            payload = self._next_plan()
+            if payload is None:
+                return False
+            self._asked_task = payload.task
+        assert self._pool is not None
+        self._pool.ask_first(self._probed, payload)
+        self._asked = self._probed
+        return True
+
+    def _answer(self, initial: bool = True) -> None:
+        """Waits for the answer due, and acts on it: builds the ring from a
+        spec; keeps a batch's error to raise at its turn; asks the next
+        worker when an iterable worker has nothing. No worker with anything
+        ends the pass, or (``initial``: nothing was raised yet) raises the
+        ConfigError that says the source is empty."""
+        pool = self._pool
+        assert pool is not None
+        while True:
+            worker, task = self._asked, self._asked_task
+            assert worker is not None
+            kind, payload = pool.receive_first(worker, self.timeout)
+            self._asked = None
+            if kind == "spec":
+                self._build_ring(payload, task)
+                return
+            if kind == "error":
+                report, position = payload
+                self._early_error = batch_error(
+                    _report.decode(report),
+                    worker=worker,
+                    pid=pool.pids[worker],
+                    task=task,
+                    position=position,
+                    indices=self._planned_indices.pop(task, None),
+                )
+                return
+            if kind == "empty":  # an iterable worker with nothing at all
+                self._probed += 1
+                if self._probed < self.workers:
+                    self._ask(fresh=True)
+                    continue
+                if initial:
+                    raise pool.empty_error()
+                self._ended = True
+                return
+            raise _report.decode(payload).error(  # worker_init failed
+                worker=worker, pid=pool.pids[worker], where="its worker_init_fn"
+            )
+
+    def _next_before_ring(self) -> None:
+        """The epoch's (or pass's) next item while sizing: raises the next
+        first batch's error, or StopIteration when the epoch is over;
+        returns once the ring exists."""
+        while self.sizing:
+            if self._early_error is not None:
+                self._early_handed += 1
+                if not self._ended:
+                    self._ask()  # the next one is made while this is handled
+                error, self._early_error = self._early_error, None
+                try:
+                    raise error
+                finally:
+                    del error  # no cycle through this frame
+            if self._asked is None and (self._ended or not self._ask()):
+                self._ended = True
+                raise StopIteration
+            self._answer(initial=False)
+
+    def _build_ring(self, spec: PackedSpec, held_task: int) -> None:
+        """The ring, once a worker made a batch (task ``held_task`` of a
+        planned source, which that worker keeps and delivers first)."""
+        assert self._pool is not None
+        if self._max_bytes is not None:
+            spec = PackedSpec(self._max_bytes)
+        self._spec = spec  # type: ignore[assignment]
+        workers = self.workers
+        ring_slots = min(self.slots + 1, MAX_SLOTS)
+        ring_bytes = region_size(ring_slots, workers, spec.slot_bytes, PAGE_SIZE)
+        plan = None
+        size = ring_bytes
+        if self._is_map:
+            plan = PlanLayout.for_batches(ring_bytes, self._entries, self.max_rows)
+            size += plan.nbytes
+        self._region = Region.create(size)
+        ring = self._ring = Ring.create(
+            self._region.mapping,
+            ring_slots,
+            workers,
+            spec.slot_bytes,
+            PAGE_SIZE,
+            _SPIN_NS,
+        )
+        self._plans: PlanTable | None = None
+        self._sized = True
+        if plan is not None:
+            self._plans = PlanTable(ring, self._region.mapping, plan)
+            # Tasks up to the held one were planned through the workers'
+            # sockets; the others claim on from there.
+            ring.skip_tasks_to(self._planned)
+            ring.set_planned(self._planned)
+        feed = self._feed = Feed(
+            ring,
+            self._pool,
+            self._spec,
+            None,
+            ordered=self.ordered,
+            timeout=self.timeout,
+            copy=False,
+            spin_s=_SPIN_NS / 1e9,
+            host=weakref.proxy(self),
+            fatal_errors=False,
+            indices_of=self._planned_indices.get,
+        )
+        feed.live = self._live  # the current loop goes on over the ring
+        if plan is not None:
+            feed.consumer.next_task = held_task
+            self._fill()
+        self._pool.send_region(self._region, size, spec, ring, plan)
+
+    def _check_rows(self, indices: Sequence[Any]) -> None:
+        if len(indices) > self.max_rows:
+            self._fail(
+                ConfigError(
+                    f"the sampler's batch {self._epoch_count} of epoch "
+                    f"{self._epoch} has {len(indices)} indices, more than "
+                    f"the {self.max_rows} slots were sized for (the "
+                    "largest of the first batches it gave); pass "
+                    f"max_batch_size={len(indices)} or more"
+                )
+            )
+
+    def _handed(self) -> int:
+        """Batches (and errors) handed out so far, over every epoch."""
+        handed = self._feed.consumer.handed if self._sized else 0
+        return self._early_handed + handed
 
     # ------------------------------------------------------------ planning
 
@@ -215,16 +355,7 @@ class PlannedPrefetcher(Prefetcher):
                 if not self._ahead:
                     break
             indices = self._ahead.popleft()
-            if len(indices) > self.max_rows:
-                self._fail(
-                    ConfigError(
-                        f"the sampler's batch {self._epoch_count} of epoch "
-                        f"{self._epoch} has {len(indices)} indices, more than "
-                        f"the {self.max_rows} slots were sized for (the "
-                        "largest of the first batches it gave); pass "
-                        f"max_batch_size={len(indices)} or more"
-                    )
-                )
+            self._check_rows(indices)
             plans.write(task, self._epoch, self._epoch_count, indices)
             self._planned_indices[task] = indices
             self._epoch_count += 1
@@ -238,13 +369,13 @@ class PlannedPrefetcher(Prefetcher):
     ) -> Iterator[Any]:
         """One epoch over ``batches`` (the sampler's index lists)."""
         self._check_open()
-        feed = self._feed
-        feed.live += 1
-        c = feed.consumer
         if self._first_epoch_pending:
             # The constructor planned this epoch's start already.
             self._first_epoch_pending = False
         else:
+            if self.sizing:
+                raise RuntimeError("an engine still sizing its slots serves one epoch")
+            c = self._feed.consumer
             start = self._planned
             # Tasks claimed past the plan wait for this epoch's plans; the
             # abandoned epoch's unclaimed ones are skipped, and whatever of
@@ -261,13 +392,28 @@ class PlannedPrefetcher(Prefetcher):
             self._epoch_start = start
             self._epoch_count = 0
             self._fill()
-        return _PlannedEpochIterator(self, feed.live, c.handed)
+        if self._sized:
+            self._feed.live += 1
+            token = self._feed.live
+        else:
+            self._live += 1
+            token = self._live
+        return _PlannedEpochIterator(self, token, self._handed())
 
     def __iter__(self) -> Iterator[Any]:
         self._check_open()
         if self._is_map:
             raise TypeError("a planned source is iterated with begin_epoch()")
-        return self._feed.begin_pass()
+        if not self.sizing:
+            return self._feed.begin_pass()
+        if self._passes:
+            raise RuntimeError("an engine still sizing its slots serves one pass")
+        self._passes += 1
+        return _PassBeforeRing(self)
+
+    def stats(self) -> dict[str, Any]:
+        """The Prefetcher's stats; empty while no batch has been made."""
+        return {} if self.sizing else super().stats()
 
     def __len__(self) -> int:
         raise TypeError("a DataLoader's engine has no len(); ask the DataLoader")
@@ -326,13 +472,17 @@ class _PlannedEpochIterator:
 
     def __next__(self) -> Any:
         engine = self._engine
+        if engine.sizing:
+            engine._check_open()
+            engine._next_before_ring()
         feed = engine._feed
         if self._token != feed.live:
             feed.check_closed(self._token)  # closed while this loop ran
             raise StopIteration
         engine._fill()
         c = feed.consumer
-        if c.handed - self._handed0 >= engine._epoch_count and engine._exhausted:
+        done = engine._handed() - self._handed0
+        if done >= engine._epoch_count and engine._exhausted:
             raise StopIteration
         lo = engine._epoch_start
         lease = feed.next_lease(lo, engine._planned)
@@ -343,6 +493,29 @@ class _PlannedEpochIterator:
             engine._planned_indices.pop(task, None)
         c.pending = -1  # handed out: an attribute store, then straight out
         return batch
+
+
+class _PassBeforeRing:
+    """An iterable source's first pass while no worker has made a batch:
+    raises the first batches' errors, then goes on over the ring."""
+
+    __slots__ = ("_engine", "_it")
+
+    def __init__(self, engine: PlannedPrefetcher) -> None:
+        self._engine = engine
+        self._it: Iterator[Any] | None = None
+
+    def __iter__(self) -> _PassBeforeRing:
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            engine = self._engine
+            if engine.sizing:
+                engine._check_open()
+                engine._next_before_ring()
+            self._it = engine._feed.begin_pass()
+        return next(self._it)
 
 
 __all__ = ["PackedSource", "PlannedPrefetcher"]

@@ -257,6 +257,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_workers_in_forked_child)
 
 
+def _close_channels(channels: list[Any]) -> None:
+    for conn in channels:
+        conn.close()  # idempotent: a closed Connection forgets its descriptor
+
+
 class WorkerPool:
     """Starts the workers and watches them; a death alerts the consumer.
 
@@ -278,6 +283,12 @@ class WorkerPool:
         self._closing = False
         self.processes: list[Any] = []
         self._channels: list[Any] = []
+        # The channels stay reachable from here, so that the garbage
+        # collector never finalizes one (closing its descriptor, which it
+        # then still names) before this pool's owner closes it: a pool
+        # dropped in a reference cycle (an exception's traceback) would
+        # otherwise close a descriptor twice, maybe someone else's.
+        weakref.finalize(self, _close_channels, self._channels)
         self._stop_r, self._stop_w = os.pipe()
         self._stack_fds: list[int] = []
         self._watcher: threading.Thread | None = None
@@ -327,43 +338,61 @@ class WorkerPool:
         and delivers once the ring exists). Raises what went wrong there:
         the source's own exception as a WorkerError, an empty source, a
         death, or a timeout."""
-        conn = self._channels[0]
+        kind, payload = self.receive_first(0, timeout)
+        if kind == "spec":
+            return payload  # a BatchSpec, or a PackedSpec
+        if kind == "empty":
+            raise self.empty_error()
+        report = payload[0] if kind == "error" else payload
+        raise _report.decode(report).error(
+            worker=0, pid=self.processes[0].pid, where="its first batch"
+        )
+
+    def receive_first(self, worker: int, timeout: float | None) -> tuple[str, Any]:
+        """What a worker answered about its first batch (fastq._worker's
+        _await_ring): ``spec``, ``error`` (a report and the sample position),
+        ``empty`` or ``fatal`` (worker_init failed: a report). Raises its
+        death, or a timeout."""
+        conn = self._channels[worker]
         sentinels = {p.sentinel: w for w, p in enumerate(self.processes)}
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise FetchTimeout(
-                    f"worker 0 made no first batch within timeout={timeout} s, so "
-                    "the batch spec could not be inferred; raise timeout= or pass "
-                    "spec={name: (batch_shape, dtype)}",
-                    worker=0,
+                    f"worker {worker} made no first batch within timeout="
+                    f"{timeout} s, so slots could not be sized; raise timeout= "
+                    "or pass spec={name: (batch_shape, dtype)}",
+                    worker=worker,
                 )
             ready = wait([conn, *sentinels], None if left is None else min(left, 1.0))
             if conn in ready:
                 try:
-                    kind, payload = conn.recv()
-                    break
+                    answer: tuple[str, Any] = conn.recv()
+                    return answer
                 except EOFError:
-                    # Worker 0 is gone: its sentinel says how, within a moment.
+                    # The worker is gone: its sentinel says how, within a moment.
                     ready = wait(list(sentinels), 1.0) or list(sentinels)[:1]
             for s in ready:
                 if s in sentinels:
                     self._record_death(sentinels[s])
                     assert self.failure is not None
                     raise self.failure
-        if kind == "spec":
-            return payload  # a BatchSpec, or a PackedSpec
-        if kind == "empty":
-            empty = ConfigError(
-                "source() yielded no batch in worker 0, so its spec cannot be "
-                "inferred; pass spec={name: (batch_shape, dtype)}"
-            )
-            empty.empty = True  # type: ignore[attr-defined]
-            raise empty
-        raise _report.decode(payload).error(
-            worker=0, pid=self.processes[0].pid, where="its first batch"
+
+    @staticmethod
+    def empty_error() -> ConfigError:
+        empty = ConfigError(
+            "source() yielded no batch in worker 0, so its spec cannot be "
+            "inferred; pass spec={name: (batch_shape, dtype)}"
         )
+        empty.empty = True  # type: ignore[attr-defined]
+        return empty
+
+    def ask_first(self, worker: int, payload: Any) -> None:
+        """Asks a worker for another first batch: a planned task's ``Plan``,
+        or for an iterable source whether to start its iterator afresh."""
+        with contextlib.suppress(OSError):  # it died: receive_first says so
+            self._channels[worker].send(("probe", payload))
 
     def send_region(
         self,
@@ -511,9 +540,7 @@ class WorkerPool:
         self._closing = True
         if self._ring is not None:
             self._ring.close()
-        for conn in self._channels:
-            conn.close()  # a worker waiting for the ring reads EOF and leaves
-        self._channels = []
+        _close_channels(self._channels)  # a worker waiting for the ring leaves
         os.write(self._stop_w, b"x")
         alive = [p for p in self.processes if p.pid is not None]
         try:

@@ -148,17 +148,10 @@ def worker_main(cfg: WorkerConfig) -> None:
             cfg.worker_init(cfg.worker_id)
     except Exception as exc:
         init_error = exc
-    first: tuple[Iterator[Any], Any] | None = None
+    first: tuple[Iterator[Any] | None, Any] | None = None
     if cfg.region is None:
-        if cfg.worker_id == 0:
-            # The consumer waits for this worker's spec before anything else.
-            if init_error is not None:
-                cfg.channel.send(("error", _report.encode(init_error, _REPORT_LIMIT)))
-                return
-            first = _first_batch(cfg, info)
-            if first is None:
-                return
-        if not _receive_region(cfg):
+        first = _await_ring(cfg, info, init_error)
+        if first is None:
             return
     assert cfg.region is not None
     region = Region.attach(cfg.region, cfg.region_size)
@@ -176,24 +169,76 @@ def worker_main(cfg: WorkerConfig) -> None:
         producer.run_callable(first)
 
 
-def _first_batch(
-    cfg: WorkerConfig, info: WorkerInfo
-) -> tuple[Iterator[Any], Any] | None:
-    """Worker 0 of a source without a spec: makes its first batch here, in
-    the worker (never in the consumer), and sends the consumer the spec
-    inferred from it. The batch is kept and delivered first (a planned
-    source's is task 0; the returned iterator is then empty)."""
+def _await_ring(
+    cfg: WorkerConfig, info: WorkerInfo, init_error: Exception | None
+) -> tuple[Iterator[Any] | None, Any] | None:
+    """Before the ring exists (a source without a spec): slots are sized
+    from a first batch, made here, in a worker, never in the consumer.
+    Worker 0 makes one at once; any worker makes one when the consumer asks
+    (``("probe", plan)``: the plan of a planned source's next task; for an
+    iterable source, whether to start its iterator afresh). Each attempt
+    answers the spec inferred from the batch, the exception, or an
+    iterable's end, and the consumer builds the ring from the first spec.
+    A worker whose worker_init failed answers that instead (``fatal``).
+    Returns what the worker starts with once the ring arrives: its iterator
+    (None: none yet) and the batch it made (or _NOTHING); None if the
+    consumer closed."""
+    conn = cfg.channel
+    it: Iterator[Any] | None = None
+    batch: Any = _NOTHING
+    plan = cfg.first_plan
+    fresh = cfg.worker_id == 0
+    try:
+        while True:
+            if init_error is not None and (fresh or plan is not None):
+                conn.send(("fatal", _report.encode(init_error, _REPORT_LIMIT)))
+                return None
+            if fresh or plan is not None:
+                batch, it = _try_first_batch(cfg, info, plan, None if fresh else it)
+            kind, payload = conn.recv()
+            if kind != "probe":
+                break
+            if cfg.is_map:
+                plan, fresh = payload, False
+            else:
+                plan, fresh = None, bool(payload)
+                if not fresh:  # go on with the iterator: a second attempt
+                    if init_error is None:
+                        batch, it = _try_first_batch(cfg, info, None, it)
+                        continue
+                    fresh = True  # answered above
+        if kind != "region":
+            return None
+        size, spec, layout = payload
+        fd = reduction.recv_handle(conn)
+    except (EOFError, OSError):
+        return None
+    finally:
+        conn.close()
+    cfg.region, cfg.region_size, cfg.spec, cfg.plan = SharedFd(fd), size, spec, layout
+    cfg.first_plan = plan  # the task whose batch is kept, if one was made
+    return it, batch
+
+
+def _try_first_batch(
+    cfg: WorkerConfig,
+    info: WorkerInfo,
+    plan: Plan | None,
+    it: Iterator[Any] | None,
+) -> tuple[Any, Iterator[Any] | None]:
+    """One attempt at a first batch: the planned task's, or the iterable's
+    next (from ``it``, or a fresh iterator). Tells the consumer the spec,
+    the error or the end; returns the batch (or _NOTHING) and the iterator."""
     conn = cfg.channel
     try:
-        if cfg.first_plan is not None:
-            plan = cfg.first_plan
+        if plan is not None:
             info._start_task(plan.epoch, plan.task)
             _seed_batch(cfg, plan)
-            it: Iterator[Any] = iter(())
             batch = cfg.source.make(plan.indices)
             scale = cfg.max_rows / max(1, len(plan.indices))
         else:
-            it = iter(cfg.source())
+            if it is None:
+                it = iter(cfg.source())
             batch = next(it)
             scale = 1.0
         if cfg.packed:
@@ -202,12 +247,13 @@ def _first_batch(
             spec = BatchSpec.from_batch(batch)
     except StopIteration:
         conn.send(("empty", None))
-        return None
+        return _NOTHING, it
     except Exception as exc:
-        conn.send(("error", _report.encode(exc, _REPORT_LIMIT)))
-        return None
+        position = getattr(cfg.source, "position", -1) if plan is not None else -1
+        conn.send(("error", (_report.encode(exc, _REPORT_LIMIT), position)))
+        return _NOTHING, it
     conn.send(("spec", spec))
-    return it, batch
+    return batch, it
 
 
 def _seed_batch(cfg: WorkerConfig, plan: Plan) -> None:
@@ -216,21 +262,6 @@ def _seed_batch(cfg: WorkerConfig, plan: Plan) -> None:
     seed_python_and_numpy(cfg.seed, plan.epoch, plan.batch)
     if cfg.packed:
         cfg.source.reseed(mix_seed(cfg.seed, plan.epoch, plan.batch) & _TORCH_SEED_MASK)
-
-
-def _receive_region(cfg: WorkerConfig) -> bool:
-    """Waits for the ring the consumer makes once the spec is known; False
-    if it closed instead."""
-    conn = cfg.channel
-    try:
-        kind, (size, spec, plan) = conn.recv()
-        fd = reduction.recv_handle(conn)
-    except (EOFError, OSError):
-        return False
-    finally:
-        conn.close()
-    cfg.region, cfg.region_size, cfg.spec, cfg.plan = SharedFd(fd), size, spec, plan
-    return bool(kind == "region")
 
 
 def _isolate_from_terminal(stack_file: SharedFd | None) -> None:
@@ -468,26 +499,30 @@ class _Producer:
     # ------------------------------------------------------------- planned
 
     def run_planned(
-        self, plans: PlanTable, first: tuple[Iterator[Any], Any] | None
+        self, plans: PlanTable, first: tuple[Iterator[Any] | None, Any] | None
     ) -> None:
         """Tasks whose indices the consumer planned (it runs the sampler);
-        `first`: worker 0's batch 0, made before the ring existed."""
+        `first`: the batch this worker made before the ring existed, if any
+        (task ``cfg.first_plan``)."""
         source = self.cfg.source
         codec: Codec = source.codec
         slots = self.slots
         held = _NOTHING if first is None else first[1]
+        first_plan = self.cfg.first_plan
         while True:
             t0w = time.perf_counter_ns()
             slot = self.ring.pop_free(self.wid)
             if slot < 0:
                 return
             if held is not _NOTHING:
-                task = 0  # the consumer started the task counter at 1
-                self.ring.record_task(slot, task)
+                # Made before the ring existed; the consumer started the
+                # task counter past it.
+                assert first_plan is not None
+                plan: Plan | None = first_plan
+                self.ring.record_task(slot, first_plan.task)
             else:
-                task = self.ring.claim_task(slot)
+                plan = plans.read(self.ring.claim_task(slot))
             wait_ns = time.perf_counter_ns() - t0w
-            plan = plans.read(task)
             if plan is None:
                 if self.ring.closed:
                     return
@@ -520,7 +555,7 @@ class _Producer:
 
     # ------------------------------------------------------------- callable
 
-    def run_callable(self, first: tuple[Iterator[Any], Any] | None) -> None:
+    def run_callable(self, first: tuple[Iterator[Any] | None, Any] | None) -> None:
         """`first`: the iterator and first batch that inferred the spec."""
         ring = self.ring
         pass_ = ring.pass_

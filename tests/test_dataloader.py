@@ -16,9 +16,14 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.data import BatchSampler, RandomSampler  # noqa: E402
 from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
+from torch_helpers.dataloader_port_data import (  # noqa: E402
+    WorkerSpecificIterableDataset,
+)
 from torch_helpers.loader_data import (  # noqa: E402
     Augmented,
     FailsAt,
+    FailsBelow,
+    FirstItemFails,
     Growing,
     Mixed,
     OnlyInWorkers,
@@ -138,6 +143,83 @@ def test_a_workers_exception_keeps_its_type_and_the_epoch_goes_on() -> None:
     assert "Remote traceback" in "".join(getattr(info.value, "__notes__", []))
     got += list(it)  # DataLoader goes on past a failed batch
     assert sorted(x for b in got for x in b.tolist()) == [0, 1, 2, 3, *range(6, 12)]
+
+
+@pytest.mark.parametrize("persistent_workers", [False, True])
+def test_first_batches_that_fail_are_raised_in_turn_and_the_epoch_goes_on(
+    persistent_workers: bool,
+) -> None:
+    """No batch has sized the slots yet: each failure is still raised at its
+    turn, with its own type and sample, and the epoch goes on; so does the
+    next one."""
+    loader = DataLoader(
+        FailsBelow(12, bad_below=5),
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=persistent_workers,
+    )
+    for _ in range(2):
+        it = iter(loader)
+        tasks = []
+        for sample in [0, 2, 4]:
+            with pytest.raises(KeyError, match=f"no sample {sample}") as info:
+                next(it)
+            assert info.value.fastq_sample == sample
+            tasks.append(info.value.fastq_task)
+        assert tasks == list(range(tasks[0], tasks[0] + 3))
+        assert [b.tolist() for b in it] == [[6, 7], [8, 9], [10, 11]]
+
+
+def test_an_epoch_of_failing_batches_raises_each_then_ends() -> None:
+    loader = DataLoader(FailsBelow(6, bad_below=6), batch_size=2, num_workers=2)
+    it = iter(loader)
+    for sample in (0, 2, 4):
+        with pytest.raises(KeyError, match=f"no sample {sample}"):
+            next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+    assert loader.stats() == {}
+
+
+def test_a_loop_left_at_a_first_batch_error_starts_whole_next_time() -> None:
+    """A notebook cell that stops at the first batch's error, run again."""
+    loader = DataLoader(
+        FailsBelow(8, bad_below=1), batch_size=2, num_workers=2, persistent_workers=True
+    )
+    with pytest.raises(KeyError):
+        for _ in loader:
+            pass
+    with pytest.raises(KeyError, match="no sample 0"):
+        next(iter(loader))
+    it = iter(loader)
+    with pytest.raises(KeyError):
+        next(it)
+    assert [b.tolist() for b in it] == [[2, 3], [4, 5], [6, 7]]
+
+
+def test_an_iterable_whose_first_item_fails_goes_on() -> None:
+    loader = DataLoader(FirstItemFails(12), batch_size=2, num_workers=2)
+    it = iter(loader)
+    with pytest.raises(ValueError, match="the first item is bad"):
+        next(it)
+    got = sorted(x for b in it for x in b.tolist())
+    assert got == list(range(12))
+
+
+@pytest.mark.parametrize("persistent_workers", [False, True])
+def test_an_iterable_with_nothing_in_its_first_workers_sizes_from_another(
+    persistent_workers: bool,
+) -> None:
+    loader = DataLoader(
+        WorkerSpecificIterableDataset([0, 0, 5]),
+        batch_size=2,
+        num_workers=3,
+        persistent_workers=persistent_workers,
+    )
+    for _ in range(2):
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
+    nothing = DataLoader(WorkerSpecificIterableDataset([0, 0]), num_workers=2)
+    assert list(nothing) == []
 
 
 def test_torch_randomness_does_not_depend_on_the_number_of_workers() -> None:

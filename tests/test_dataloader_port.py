@@ -57,17 +57,9 @@ if AGAINST not in ("fastq", "torch"):
     raise ValueError(f"FASTQ_PORT_AGAINST={AGAINST!r}: use 'fastq' or 'torch'")
 FASTQ = AGAINST == "fastq"
 # Why a ported test is expected to fail against fastq.
-FIRST_BATCH_ERROR = (
-    "limitation: an exception in the first batch of a loader's first epoch "
-    "is raised by iter() (slots are sized from that batch) and ends the epoch"
-)
 INTERLEAVED = (
     "migration table: an IterableDataset's batches are interleaved as worke"
     "rs make them, not round-robin"
-)
-EMPTY_WORKER_0 = (
-    "limitation: worker 0 sizes the slots from its first batch; an Iterable"
-    "Dataset shard that leaves worker 0 empty gives an empty epoch"
 )
 
 START_METHODS = [
@@ -766,11 +758,6 @@ def test_nested_tensor_multiprocessing(DataLoader: Any) -> None:
 # ---------------------------------------------------------------- errors
 
 
-@pytest.mark.xfail(
-    FASTQ,
-    strict=True,
-    reason=FIRST_BATCH_ERROR,
-)
 def test_error(DataLoader: Any) -> None:
     """test_dataloader.py: TestDataLoader.test_error (every batch raises
     NotImplementedError and the epoch goes on)"""
@@ -778,11 +765,6 @@ def test_error(DataLoader: Any) -> None:
     assert count_errors(loader, NotImplementedError) == 50
 
 
-@pytest.mark.xfail(
-    FASTQ,
-    strict=True,
-    reason=FIRST_BATCH_ERROR,
-)
 @PERSISTENT
 def test_error_workers(DataLoader: Any, persistent_workers: bool) -> None:
     """test_dataloader.py: TestDataLoader.test_error_workers (and
@@ -1212,11 +1194,6 @@ def test_iterable_style_dataset_default_num_workers(DataLoader: Any) -> None:
     assert list(loader) == list(range(20))
 
 
-@pytest.mark.xfail(
-    FASTQ,
-    strict=False,
-    reason=EMPTY_WORKER_0,
-)
 @pytest.mark.parametrize("prefetch_factor", [2, 4])
 def test_iterable_style_dataset_workers_nobatch(
     DataLoader: Any, prefetch_factor: int
@@ -1233,11 +1210,6 @@ def test_iterable_style_dataset_workers_nobatch(
     assert len(loader) == len(dataset)
 
 
-@pytest.mark.xfail(
-    FASTQ,
-    strict=False,
-    reason=EMPTY_WORKER_0,
-)
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_iterable_style_dataset_workers_batched(
     DataLoader: Any, drop_last: bool

@@ -203,7 +203,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             )
         epoch = self._next_epoch()
         engine = self._engine
-        if engine is not None and (engine.closed or not self.persistent_workers):
+        if engine is not None and (
+            engine.closed or not self.persistent_workers or engine.sizing
+        ):
             engine.close()
             engine = self._engine = None
         if engine is None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from itertools import islice
 from typing import Any, Callable
 
 import numpy as np
@@ -214,14 +213,47 @@ class IterableSource(_TorchSource):
         raise TypeError("an iterable source has no planned batches")
 
     def __call__(self) -> Iterator[Any]:
-        it = iter(self.dataset)
+        return _Batches(
+            iter(self.dataset), self.collate_fn, self.batch_size, self.drop_last
+        )
+
+
+class _Batches:
+    """DataLoader's iterable fetch, one batch per next(). An exception from
+    the dataset's iterator or collate_fn ends that batch only (the samples
+    taken for it are lost, as in DataLoader); the worker goes on with the
+    same iterator, which a generator's is not after raising."""
+
+    def __init__(
+        self,
+        it: Iterator[Any],
+        collate_fn: Callable[[Any], Any],
+        batch_size: int | None,
+        drop_last: bool,
+    ) -> None:
+        self.it = it
+        self.collate_fn = collate_fn
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.ended = False
+
+    def __iter__(self) -> _Batches:
+        return self
+
+    def __next__(self) -> Any:
+        if self.ended:
+            raise StopIteration
         size = self.batch_size
         if size is None:
-            for item in it:
-                yield self.collate_fn(item)
-            return
-        while True:
-            data = list(islice(it, size))
-            if not data or (self.drop_last and len(data) < size):
-                return
-            yield self.collate_fn(data)
+            return self.collate_fn(next(self.it))
+        data = []
+        for _ in range(size):
+            try:
+                data.append(next(self.it))
+            except StopIteration:
+                self.ended = True
+                break
+        if not data or (self.drop_last and len(data) < size):
+            self.ended = True
+            raise StopIteration
+        return self.collate_fn(data)

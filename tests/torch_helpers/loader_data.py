@@ -154,3 +154,50 @@ class Growing(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 def seed_torch_in_worker(worker_id: int) -> None:
     torch.manual_seed(1234 + worker_id)
+
+
+class FailsBelow(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Raises KeyError for every index below `bad_below`: the first batches
+    of an unshuffled epoch fail, before any batch could size the slots."""
+
+    def __init__(self, n: int, bad_below: int) -> None:
+        self.n = n
+        self.bad_below = bad_below
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i < self.bad_below:
+            raise KeyError(f"no sample {i}")
+        return torch.tensor(i)
+
+
+class FirstItemFails(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Each worker's shard of 0..n-1, whose first item raises ValueError in
+    worker `failing` (the stream goes on after it, as a generator that
+    catches nothing cannot; this one is an iterator object)."""
+
+    def __init__(self, n: int, failing: int = 0) -> None:
+        self.n = n
+        self.failing = failing
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        wid, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return _FailFirst(range(wid, self.n, workers), wid == self.failing)
+
+
+class _FailFirst:
+    def __init__(self, items: range, fail: bool) -> None:
+        self.items = iter(items)
+        self.fail = fail
+
+    def __iter__(self) -> _FailFirst:
+        return self
+
+    def __next__(self) -> int:
+        if self.fail:
+            self.fail = False
+            raise ValueError("the first item is bad")
+        return next(self.items)
