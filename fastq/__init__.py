@@ -2,6 +2,7 @@
 ring of preallocated shared-memory batch slots."""
 
 from ._prefetcher import Prefetcher
+from ._shared_arrays import shared_array
 from ._spec import BatchSpec
 from ._worker_info import WorkerInfo, get_worker_info
 from .errors import (
@@ -44,4 +45,5 @@ __all__ = [
     "WorkerError",
     "WorkerInfo",
     "get_worker_info",
+    "shared_array",
 ]

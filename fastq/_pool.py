@@ -17,9 +17,13 @@ from multiprocessing import reduction
 from multiprocessing.connection import wait
 from typing import Any
 
+import numpy as np
+
 from . import _report, _zygote
+from ._handoff import handoff_for_workers
 from ._plan import PlanLayout
 from ._ring import NO_TASK, OWNER_READY, OWNER_WORKER, READY, Ring
+from ._shared_arrays import Handoff
 from ._shm import Region, SharedFd, anonymous_file
 from ._worker import STARTUP_NOTE, WorkerConfig, worker_main
 from .errors import ConfigError, FetchTimeout, WorkerDied
@@ -141,6 +145,11 @@ def _unimportable_main_names(obj: Any) -> list[str]:
     found: list[str] = []
 
     class Finder(pickle.Pickler):
+        def reducer_override(self, o: Any) -> Any:
+            if type(o) is np.ndarray and not o.dtype.hasobject:
+                return tuple, ()  # its bytes name nothing: not copied here
+            return NotImplemented
+
         def persistent_id(self, o: Any) -> None:
             if (
                 isinstance(o, (type, types.FunctionType))
@@ -292,10 +301,20 @@ class WorkerPool:
         self._stop_r, self._stop_w = os.pipe()
         self._stack_fds: list[int] = []
         self._watcher: threading.Thread | None = None
+        self._handoff: Handoff | None = None
         _live_pools.add(self)
         try:
-            # Every worker gets the same source and worker_init: check once.
+            # Every worker gets the same source and worker_init: check once,
+            # and pickle them once (if the start method pickles at all).
             _check_main_importable(ctx.get_start_method(), configs[0])
+            first = configs[0]
+            assert all(
+                c.source is first.source and c.worker_init is first.worker_init
+                for c in configs
+            )
+            self._handoff = handoff_for_workers((first.source, first.worker_init))
+            for cfg in configs:
+                cfg.handoff = self._handoff
             for cfg in configs:
                 fd = anonymous_file("fastq-stack")
                 self._stack_fds.append(fd)
@@ -554,6 +573,8 @@ class WorkerPool:
             for fd in [self._stop_r, self._stop_w, *self._stack_fds]:
                 os.close(fd)
             self._stack_fds = []
+            if self._handoff is not None:
+                self._handoff.close()
 
     def _reap(self, alive: list[Any], grace: float) -> None:
         """Gives workers `grace` seconds to leave, SIGKILLs the rest, reaps

@@ -83,6 +83,21 @@ def _format_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+def sized_memfd(name: str, size: int) -> int:
+    """anonymous_file of `size` bytes (its pages not yet allocated), or
+    SharedMemoryError if that much memory is not available."""
+    available = available_memory()
+    if available is not None and size > available:
+        raise SharedMemoryError(not_enough_memory(size, available, what=name))
+    fd = anonymous_file(name)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class SharedFd:
     """A descriptor that crosses process creation: inherited under fork,
     passed by the start method's own descriptor passing under spawn and
@@ -109,15 +124,11 @@ class Region:
         self._pid = os.getpid()
 
     @classmethod
-    def create(cls, size: int) -> Region:
+    def create(cls, size: int, name: str = "fastq-ring") -> Region:
         """Allocates and pre-faults `size` bytes or raises SharedMemoryError
         naming the bytes needed and available."""
-        available = available_memory()
-        if available is not None and size > available:
-            raise SharedMemoryError(_short_message(size, available))
-        fd = anonymous_file("fastq-ring")
+        fd = sized_memfd(name, size)
         try:
-            os.ftruncate(fd, size)
             # Reserve every page now: a tmpfs page that cannot be allocated
             # later would kill the writer with SIGBUS instead of an error.
             if hasattr(os, "posix_fallocate"):
@@ -125,7 +136,7 @@ class Region:
                     os.posix_fallocate(fd, 0, size)
                 except OSError as exc:
                     raise SharedMemoryError(
-                        _short_message(size, available_memory(), exc)
+                        not_enough_memory(size, available_memory(), exc, what=name)
                     ) from exc
             mapping = mmap.mmap(fd, size, flags=_MAP_FLAGS)
         except BaseException:
@@ -155,11 +166,20 @@ class Region:
         self.fd = -1
 
 
-def _short_message(size: int, available: int | None, exc: OSError | None = None) -> str:
+def not_enough_memory(
+    size: int,
+    available: int | None,
+    exc: OSError | None = None,
+    what: str = "fastq-ring",
+) -> str:
     have = "unknown" if available is None else _format_bytes(available)
     why = f" ({exc.strerror})" if exc is not None else ""
-    return (
-        f"not enough memory for the ring: it needs {_format_bytes(size)} "
-        f"({size} bytes) of shared memory and {have} is available{why}. "
+    fix = (
         "Lower slots= or batch_size=, or free memory."
+        if what == "fastq-ring"
+        else "Free memory, or keep the data in a file the workers open."
+    )
+    return (
+        f"not enough memory for {what}: it needs {_format_bytes(size)} "
+        f"({size} bytes) of shared memory and {have} is available{why}. {fix}"
     )

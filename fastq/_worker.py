@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -19,13 +18,14 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _report
-from ._handoff import dumps_for_worker
+from ._handoff import handoff_for_workers
 from ._packing import Arena, Codec, PackedSpec, measure, pack
 from ._plan import Plan, PlanLayout, PlanTable
 from ._ring import SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
 from ._rows import RowWriter, copy_rows
 from ._sampler import EpochSampler
 from ._seeding import mix_seed, seed_python_and_numpy
+from ._shared_arrays import Handoff, load_for_worker
 from ._shm import Region, SharedFd
 from ._spec import BatchSpec
 from ._threads import limit_threads
@@ -76,6 +76,9 @@ class WorkerConfig:
     max_rows: int = 0
     # Packed slots (fastq._packing): the source is a PackedSource.
     packed: bool = False
+    # The source and worker_init as pickled for spawn and forkserver workers,
+    # shared by the configs of a pool (fastq._shared_arrays.Handoff).
+    handoff: Handoff | None = None
 
     # The user's objects travel pickled apart, inside this config's pickle
     # (spawn, forkserver): a worker that cannot rebuild them leaves the
@@ -84,16 +87,20 @@ class WorkerConfig:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         # In one pickle, so objects they share stay shared (a worker_init
-        # that is a method of the dataset runs on the worker's dataset).
-        # Descriptors inside them still reach the worker (see _handoff).
-        state["_user"] = dumps_for_worker(tuple(state.pop(n) for n in _USER_FIELDS))
+        # that is a method of the dataset runs on the worker's dataset);
+        # made once for all the pool's workers, with large arrays in shared
+        # memory. Descriptors inside them still reach the worker (_handoff).
+        user = tuple(state.pop(n) for n in _USER_FIELDS)
+        handoff = state.pop("handoff") or handoff_for_workers(user)
+        state["_user"] = handoff.payload()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        user = state.pop("_user")
+        data, fds = state.pop("_user")
+        state["handoff"] = None
         self.__dict__.update(state)
         try:
-            values = pickle.loads(user)
+            values = load_for_worker(data, fds)
         except Exception as exc:
             _leave_startup_note(self.stack_file, "source", exc)
             raise

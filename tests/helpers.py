@@ -366,3 +366,49 @@ class MixedByteOrder(PatternDataset):
             np.arange(3, dtype=f"{order}i4") + i,
             np.array(i / 2, dtype=">f8"),
         )
+
+
+class HoldsArrays:
+    """A map-style source over arrays it holds (as attributes, in a list and
+    in a dict, and one of them twice). Sample i reports, from the worker:
+    row i of `big`, whether `big` there is backed by a mapping of shared
+    memory, whether its second reference is the same object, and after
+    `write_at` (a sample index) whether the worker's own write to `big`
+    stayed its own."""
+
+    def __init__(self, big: np.ndarray, small: np.ndarray, write_at: int = -1) -> None:
+        self.big = big
+        self.nested = {"lists": [small, big]}
+        self.write_at = write_at
+
+    def __len__(self) -> int:
+        return len(self.big)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        import mmap
+
+        base: Any = self.big
+        while isinstance(base, np.ndarray):
+            base = base.base
+        small = self.nested["lists"][0]
+        if i == self.write_at:
+            self.big[i] = -1  # this worker's copy only
+        return {
+            "row": np.ascontiguousarray(self.big[i]),
+            "small": small[i % len(small)],
+            "mapped": np.int64(isinstance(base, mmap.mmap)),
+            "same": np.int64(self.nested["lists"][1] is self.big),
+            "inode": np.int64(mapping_inode(self.big)),
+        }
+
+
+def mapping_inode(arr: np.ndarray) -> int:
+    """The inode of the file mapped where arr's data lies (0: none)."""
+    address = arr.ctypes.data
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= address < hi:
+                return int(fields[4])
+    return 0

@@ -1,0 +1,299 @@
+"""Large numpy arrays reach spawn and forkserver workers as pages of shared
+memory, not as pickled bytes.
+
+A dataset that holds a 1 GiB array (a label table, a tokenised corpus, an
+index of file offsets) would otherwise be pickled into every worker: W
+copies, and a start-up that grows with the array's size times W. When the
+user's objects are pickled for a pool's workers (``Handoff``), every plain
+ndarray of ``SHARE_AT_BYTES`` or more is written once into one memfd, and
+the pickle carries only its place there; each worker maps that memfd
+copy-on-write, as a forked worker sees its parent's memory: pages are
+shared until a worker writes to one.
+
+``shared_array`` puts an array in shared memory from the start (for a source
+that builds its data itself, or to keep a single copy in the training
+process too): its pages are never copied, and every worker maps the same
+memory.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ._shm import SharedFd, available_memory, not_enough_memory, sized_memfd
+from .errors import ConfigError, SharedMemoryError
+
+# Arrays at least this large travel as shared pages; smaller ones are cheaper
+# to pickle than to map.
+SHARE_AT_BYTES = 1 << 20
+_ALIGN = 64  # each array of a pool's memfd starts on a cache line
+
+
+# ------------------------------------------------------------ shared_array
+
+
+class _Segment:
+    """A memfd made by shared_array, and where it is mapped here. It holds
+    no reference to the mapping, whose death closes the memfd."""
+
+    def __init__(self, fd: int, address: int) -> None:
+        self.fd = fd
+        self.address = address
+
+
+# id(mapping) -> its segment, while the mapping lives.
+_segments: dict[int, _Segment] = {}
+
+
+def shared_array(data: Any, dtype: Any = None) -> np.ndarray[Any, Any]:
+    """A copy of ``data`` in shared memory, for a dataset to hold.
+
+    Workers started by spawn or forkserver (fastq's default) map this
+    memory instead of receiving a copy of the array, and a forked worker
+    inherits it, so the data exists once however many workers read it.
+    Writes made here are seen by the workers; a worker's own writes stay
+    its own (copy-on-write), as under fork.
+
+    Parameters
+    ----------
+    data : array-like
+        Anything ``numpy.asarray`` takes: an array, a list of numbers, or a
+        list of file paths (stored as fixed-width strings).
+    dtype : numpy dtype, optional
+        As for ``numpy.asarray``.
+
+    Returns
+    -------
+    numpy.ndarray
+        A plain ndarray over the shared memory, laid out as ``data`` (C
+        order unless it is Fortran-ordered); its slices and views are
+        shared too. The memory is freed when the last array that
+        uses it is garbage here and the workers that mapped it have exited.
+    """
+    arr = np.asarray(data, dtype=dtype)
+    if arr.dtype.hasobject:
+        raise ConfigError(
+            f"shared_array(data): data has dtype {arr.dtype}, which holds "
+            "Python objects and cannot live in shared memory; pass numbers, "
+            "or strings of one kind (a list of str or bytes), or keep it as a "
+            "Python list"
+        )
+    size = max(arr.nbytes, 1)
+    fd = _filled_memfd("fastq-shared-array", size, [(arr, 0)])
+    try:
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+    except BaseException:
+        os.close(fd)
+        raise
+    key = id(mapping)
+    _segments[key] = _Segment(fd, _address_of(mapping))
+    weakref.finalize(mapping, _forget_segment, key, fd, os.getpid())
+    return np.ndarray(
+        arr.shape, arr.dtype, buffer=mapping, strides=_contiguous_strides(arr)
+    )
+
+
+def _forget_segment(key: int, fd: int, pid: int) -> None:
+    _segments.pop(key, None)
+    if os.getpid() == pid:  # a forked child's copy is the parent's to close
+        os.close(fd)
+
+
+def _address_of(mapping: mmap.mmap) -> int:
+    return int(np.frombuffer(mapping, dtype=np.uint8, count=1).ctypes.data)
+
+
+def _segment_of(arr: np.ndarray[Any, Any]) -> _Segment | None:
+    base: Any = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if not isinstance(base, mmap.mmap):
+        return None
+    return _segments.get(id(base))
+
+
+# ------------------------------------------------------------ the handoff
+
+
+class Handoff:
+    """The user's objects pickled once for every worker of a pool, with
+    their large arrays in shared memory. ``payload()`` is made the first
+    time a worker is started by spawn or forkserver (never under fork);
+    ``close()`` releases this process's hold on the copied arrays (each
+    worker keeps its mapping)."""
+
+    def __init__(self, objs: Any, pickler: Any) -> None:
+        self._objs = objs
+        self._pickler = pickler
+        self._payload: tuple[bytes, list[SharedFd]] | None = None
+        self._copied = -1  # the memfd of copied arrays
+
+    def payload(self) -> tuple[bytes, list[SharedFd]]:
+        if self._payload is None:
+            self._payload = self._make()
+        return self._payload
+
+    def _make(self) -> tuple[bytes, list[SharedFd]]:
+        found = _Arrays()
+        buf = io.BytesIO()
+        # The pickler's reducer_override hands every object to found.reduce.
+        self._pickler(buf, pickle.HIGHEST_PROTOCOL, found).dump(self._objs)
+        fds = [SharedFd(s.fd) for s in found.segments]
+        if found.copied:
+            self._copied = _filled_memfd(
+                "fastq-dataset-arrays", found.copy_bytes, found.copied
+            )
+            fds.append(SharedFd(self._copied))
+        return buf.getvalue(), fds
+
+    def close(self) -> None:
+        self._objs = None
+        if self._copied >= 0:
+            os.close(self._copied)
+            self._copied = -1
+
+
+class _Arrays:
+    """While pickling: each large array, and each shared_array, becomes a
+    reference to its place in a memfd the worker maps. Index i < len(segments)
+    names a shared_array's memfd; index len(segments) names the memfd the
+    copies are written to (known once the pickle is done)."""
+
+    def __init__(self) -> None:
+        self.segments: list[_Segment] = []
+        self.copied: list[tuple[np.ndarray[Any, Any], int]] = []  # (array, offset)
+        self.copy_bytes = 0
+        self._copied_ids: dict[int, int] = {}  # id(array) -> offset
+
+    def reduce(self, obj: Any) -> Any:
+        if type(obj) is not np.ndarray or obj.dtype.hasobject:
+            return NotImplemented
+        segment = _segment_of(obj)
+        if segment is not None:
+            if segment not in self.segments:
+                self.segments.append(segment)
+            offset = obj.ctypes.data - segment.address
+            where: Any = self.segments.index(segment)
+            strides = obj.strides
+        elif obj.nbytes >= SHARE_AT_BYTES:
+            offset = self._copied_ids.get(id(obj), -1)
+            if offset < 0:
+                offset = self.copy_bytes
+                self._copied_ids[id(obj)] = offset
+                self.copied.append((obj, offset))
+                self.copy_bytes += -(-obj.nbytes // _ALIGN) * _ALIGN
+            where = _COPIES
+            strides = _contiguous_strides(obj)
+        else:
+            return NotImplemented
+        return _attach, (where, offset, obj.shape, obj.dtype, strides)
+
+
+# The copies' memfd, whatever its index in the payload turns out to be.
+_COPIES = "copies"
+
+
+def _filled_memfd(
+    name: str, size: int, arrays: list[tuple[np.ndarray[Any, Any], int]]
+) -> int:
+    """A memfd of ``size`` bytes holding each array at its offset, laid out
+    as _contiguous_strides says. Written with pwrite, not through a mapping:
+    the kernel allocates each page as it fills it (no fault per page), and
+    a shortage is an error here, never a SIGBUS in a reader later."""
+    fd = sized_memfd(name, size)
+    try:
+        for arr, offset in arrays:
+            for block in _blocks(arr):
+                data = block.view(np.uint8).data
+                while data:
+                    n = os.pwrite(fd, data[:_WRITE_CHUNK], offset)
+                    data, offset = data[n:], offset + n
+    except OSError as exc:
+        os.close(fd)
+        raise SharedMemoryError(
+            not_enough_memory(size, available_memory(), exc, what=name)
+        ) from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_WRITE_CHUNK = 64 << 20
+
+
+def _blocks(arr: np.ndarray[Any, Any]) -> Iterator[np.ndarray[Any, Any]]:
+    """The array's bytes in its memory order (contiguous) or in C order (a
+    copy, a bounded block of leading rows at a time), as 1-d arrays."""
+    if arr.flags.c_contiguous or arr.flags.f_contiguous:
+        yield arr.ravel(order="K")
+        return
+    rows = max(1, _WRITE_CHUNK // max(1, arr[:1].nbytes))
+    for i in range(0, len(arr), rows):
+        yield np.ascontiguousarray(arr[i : i + rows]).ravel()
+
+
+def _contiguous_strides(arr: np.ndarray[Any, Any]) -> tuple[int, ...]:
+    """The array's own strides if it is contiguous (C or Fortran order),
+    else C order's: copies keep a Fortran array's layout."""
+    if arr.flags.c_contiguous or arr.flags.f_contiguous:
+        return tuple(arr.strides)
+    strides, step = [], arr.itemsize
+    for dim in reversed(arr.shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
+# ------------------------------------------------------------ worker side
+
+# While a worker unpickles the user's objects: the memfds of the payload,
+# mapped copy-on-write.
+_incoming: list[mmap.mmap] = []
+
+
+def load_for_worker(data: bytes, fds: list[SharedFd]) -> Any:
+    """The user's objects, in a worker: maps the payload's memfds, then
+    unpickles (each array a view of its mapping)."""
+    global _incoming
+    mappings = []
+    for shared in fds:
+        try:
+            size = os.fstat(shared.fd).st_size
+            mappings.append(
+                mmap.mmap(
+                    shared.fd,
+                    size,
+                    flags=mmap.MAP_PRIVATE,
+                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                )
+            )
+        finally:
+            os.close(shared.fd)  # the mapping keeps the memory
+    _incoming = mappings
+    try:
+        return pickle.loads(data)
+    finally:
+        _incoming = []
+
+
+def _attach(
+    where: int | str,
+    offset: int,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    strides: tuple[int, ...],
+) -> np.ndarray[Any, Any]:
+    mapping = _incoming[-1] if where == _COPIES else _incoming[int(where)]
+    return np.ndarray(shape, dtype, buffer=mapping, offset=offset, strides=strides)
+
+
+__all__ = ["SHARE_AT_BYTES", "Handoff", "load_for_worker", "shared_array"]
