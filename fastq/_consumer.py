@@ -108,11 +108,26 @@ class Feed:
         # The loop that was current when the Prefetcher closed (or this
         # process was forked from the consumer), and why: it raises
         # PrefetcherClosed at its next next() instead of ending quietly.
-        self.closed_token: int | None = None
-        self.closed_why = ""
+        self.loops_closed = False
+        # Loops ended with an error other than a close (a state loaded
+        # while they ran): token -> (exception type, message).
+        self.ended: dict[int, tuple[type[Exception], str]] = {}
         _live_feeds.add(self)
         self.epoch = -1  # map: epoch being (or last) iterated
         self.epoch_done = True
+        # A resumed state (fastq._state): the next epoch starts at batch
+        # resume_batch, and drops the batches in resume_skip (unordered
+        # mode: delivered before the state was saved).
+        self.resume_batch = 0
+        self.resume_skip: frozenset[int] = frozenset()
+        # The epoch in progress: its first task, the batches of it handed
+        # out before this loop (a resumed state's), the consumer's count
+        # when the loop began, and (unordered) which tasks it handed out.
+        self.in_epoch = False
+        self.epoch_start = 0
+        self.epoch_done_before = 0
+        self.epoch_handed0 = 0
+        self.delivered: set[int] | None = None
         self.pass_started = False  # callable: pass 0 not yet handed out
         # Stats, updated at each hand-out.
         self.n_batches = 0
@@ -130,15 +145,25 @@ class Feed:
         b = self.sampler.batches_per_epoch
         self.epoch += 1
         start = self.epoch * b
-        if not self.epoch_done:
-            # The last loop stopped early: workers jump past what is left of
-            # it; what is still in flight is dropped when it arrives.
-            self.ring.skip_tasks_to(start)
+        first = start + self.resume_batch
+        skip = frozenset(start + k for k in self.resume_skip)
+        if not self.epoch_done or first > start:
+            # The last loop stopped early, or a resumed state starts past
+            # the epoch's start: workers jump ahead; what is still in
+            # flight before `first` is dropped when it arrives.
+            self.ring.skip_tasks_to(first)
         c.pending = -1  # a batch of the abandoned epoch never handed out
-        c.next_task = start
-        c.drop_below(start)
+        c.next_task = first
+        c.drop_below(first)
         self.epoch_done = False
-        return _EpochIterator(self, self.live, start, start + b, c.handed, b)
+        self.in_epoch = True
+        self.epoch_start = start
+        self.epoch_done_before = self.resume_batch
+        self.epoch_handed0 = c.handed
+        self.delivered = None if self.ordered else set(skip)
+        count = b - self.resume_batch
+        self.resume_batch, self.resume_skip = 0, frozenset()
+        return _EpochIterator(self, self.live, first, start + b, c.handed, count, skip)
 
     def begin_pass(self) -> Iterator[Any]:
         self.live += 1
@@ -156,16 +181,24 @@ class Feed:
         """Ends every open loop. The current one raises PrefetcherClosed
         (why) at its next next(); older ones, which a newer iter() had
         already superseded, end quietly as DataLoader's do."""
-        if self.closed_token is None:
-            self.closed_token = self.live
-            self.closed_why = why
+        if not self.loops_closed:
+            self.loops_closed = True
+            self.end_loops(PrefetcherClosed, why)
+        else:
+            self.live += 1
+
+    def end_loops(self, error: type[Exception], why: str) -> None:
+        """Ends every open loop; the current one raises error(why) at its
+        next next()."""
+        self.ended[self.live] = (error, why)
         self.live += 1
 
     def check_closed(self, token: int) -> None:
         """For a loop whose turn is over (token != live): raises if it was
-        current when the Prefetcher closed."""
-        if token == self.closed_token:
-            raise PrefetcherClosed(self.closed_why)
+        current when the Prefetcher closed (or a state was loaded)."""
+        ended = self.ended.get(token)
+        if ended is not None:
+            raise ended[0](ended[1])
 
     # ------------------------------------------------------------ taking
 
@@ -407,10 +440,17 @@ class _EpochIterator:
     exception inside ``__next__`` (Ctrl+C included) leaves it usable, and
     the batch it was handing out comes next."""
 
-    __slots__ = ("_count", "_feed", "_handed0", "_hi", "_lo", "_token")
+    __slots__ = ("_count", "_feed", "_handed0", "_hi", "_lo", "_skip", "_token")
 
     def __init__(
-        self, feed: Feed, token: int, lo: int, hi: int, handed0: int, count: int
+        self,
+        feed: Feed,
+        token: int,
+        lo: int,
+        hi: int,
+        handed0: int,
+        count: int,
+        skip: frozenset[int] = frozenset(),
     ) -> None:
         self._feed = feed
         self._token = token
@@ -418,6 +458,7 @@ class _EpochIterator:
         self._hi = hi
         self._handed0 = handed0
         self._count = count
+        self._skip = skip  # tasks delivered before a resumed state: dropped
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -428,11 +469,21 @@ class _EpochIterator:
             feed.check_closed(self._token)
             raise StopIteration
         c = feed.consumer
-        if c.handed - self._handed0 >= self._count:
-            feed.epoch_done = True
-            self._token = _FINISHED  # a later close() does not concern it
-            raise StopIteration
-        batch = feed.hand_out(feed.next_lease(self._lo, self._hi))
+        while True:
+            if c.handed - self._handed0 >= self._count:
+                feed.epoch_done = True
+                feed.in_epoch = False
+                self._token = _FINISHED  # a later close() does not concern it
+                raise StopIteration
+            lease = feed.next_lease(self._lo, self._hi)
+            if feed.delivered is None:
+                break
+            if lease.task not in self._skip:
+                feed.delivered.add(lease.task)
+                break
+            del lease
+            c.pending = -1  # delivered before the state was saved: dropped
+        batch = feed.hand_out(lease)
         c.pending = -1  # handed out: an attribute store, then straight out
         return batch
 

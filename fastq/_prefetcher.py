@@ -22,6 +22,7 @@ from ._ring import MAX_SLOTS, MAX_WORKERS, Ring, region_size
 from ._sampler import EpochSampler
 from ._shm import PAGE_SIZE, Region
 from ._spec import BatchSpec
+from ._state import check_state, make_state
 from ._worker import WorkerConfig
 from .errors import ConfigError, PrefetcherClosed
 
@@ -188,6 +189,9 @@ class Prefetcher:
         from torch.distributed when initialised, else RANK / WORLD_SIZE.
     worker_threads : int or None
         BLAS/OpenMP/torch threads per worker (default 1); None leaves them.
+    state : dict, optional
+        A ``state_dict()`` saved earlier (map-style sources): start where it
+        was saved, with its seed; the skipped batches are never made.
 
     Raises
     ------
@@ -221,6 +225,7 @@ class Prefetcher:
         rank: int | None = None,
         world_size: int | None = None,
         worker_threads: int | None = 1,
+        state: dict[str, Any] | None = None,
     ) -> None:
         self._pid = os.getpid()
         self._closed = True  # until construction completes
@@ -263,6 +268,8 @@ class Prefetcher:
                 "worker_threads", worker_threads, "or None to leave them"
             )
         rank, world_size = _resolve_ranks(rank, world_size)
+        if seed is None and isinstance(state, dict):
+            seed = state.get("seed")  # checked with the rest of the state
         if seed is None:
             seed = 0 if world_size > 1 else secrets.randbits(63)
         elif isinstance(seed, bool) or not isinstance(seed, int):
@@ -270,6 +277,7 @@ class Prefetcher:
         ctx = get_context(start_method)
 
         self._sampler: EpochSampler | None = None
+        resume = None  # (epoch, first batch, batches to drop) from state
         known: BatchSpec | None  # None: a worker infers it
         if self._is_map:
             known = self._map_spec(source, batch_size, spec)
@@ -284,7 +292,10 @@ class Prefetcher:
             )
             if self._sampler.batches_per_epoch == 0:
                 raise _no_batch_error(self._sampler)
+            resume = None if state is None else check_state(state, self._sampler)
         else:
+            if state is not None:
+                raise ConfigError(_NO_STATE)
             if batch_size is not None:
                 raise ConfigError(
                     f"batch_size={batch_size!r}: a callable source yields whole "
@@ -335,6 +346,14 @@ class Prefetcher:
                 self._spec = known
                 size = self._make_ring(slots, workers)
                 assert self._region is not None
+                if resume is not None:
+                    # Workers start at the state's first batch: the skipped
+                    # ones are never made.
+                    epoch, first, _ = resume
+                    assert self._sampler is not None
+                    self._ring.skip_tasks_to(
+                        epoch * self._sampler.batches_per_epoch + first
+                    )
                 share = self._region.share()
                 self._pool = WorkerPool(
                     ctx, [config(w, share, size) for w in range(workers)], self._ring
@@ -350,6 +369,8 @@ class Prefetcher:
                 spin_s=_SPIN_NS / 1e9,
                 host=weakref.proxy(self),
             )
+            if resume is not None:
+                self._resume_at(*resume)
         except BaseException:
             self._teardown()
             raise
@@ -417,8 +438,76 @@ class Prefetcher:
                 "and its task stream only moves forward; call set_epoch before "
                 "iterating, or create a new Prefetcher to go back"
             )
-        feed.epoch = e - 1
+        self._resume_at(e, 0, frozenset())
+
+    # ------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this Prefetcher is, as a small JSON-serialisable dict: the
+        epoch, and the batches of it delivered so far (a prefix in ordered
+        mode, the batch numbers in unordered mode), with what the stream
+        depends on (seed, dataset length, batch size, ranks). Load it with
+        ``load_state_dict`` or ``Prefetcher(..., state=...)``: the rest of
+        the epoch and every later one are then bit-identical to a run that
+        never stopped, with any number of workers. A state saved after an
+        epoch's last batch resumes at the next epoch; one saved after a
+        ``break`` resumes with the rest of that epoch."""
+        sampler = self._map_sampler("state_dict")
+        feed = self._feed
+        if not feed.in_epoch:  # between epochs, or a state loaded, not used
+            delivered = None if self.ordered else sorted(feed.resume_skip)
+            return make_state(
+                sampler,
+                epoch=feed.epoch + 1,
+                done=feed.resume_batch,
+                delivered=delivered,
+            )
+        done = feed.epoch_done_before
+        if self.ordered:
+            done += feed.consumer.handed - feed.epoch_handed0
+            return make_state(sampler, epoch=feed.epoch, done=done, delivered=None)
+        assert feed.delivered is not None
+        got = {t - feed.epoch_start for t in feed.delivered}
+        while done in got:
+            done += 1
+        above = sorted(b for b in got if b > done)
+        return make_state(sampler, epoch=feed.epoch, done=done, delivered=above)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next ``for`` loop resumes where ``state`` (from
+        ``state_dict()``) was saved. A loop begun before this call ends with
+        a ConfigError at its next batch (it would otherwise silently
+        restart). The stream only moves forward: to go back, create a new
+        Prefetcher with ``state=``."""
+        self._check_open()
+        sampler = self._map_sampler("load_state_dict")
+        epoch, first, skip = check_state(state, sampler)
+        feed = self._feed
+        if epoch * sampler.batches_per_epoch + first < feed.consumer.next_task:
+            raise ConfigError(
+                f"state: epoch {epoch}, batch {first} is behind this "
+                f"Prefetcher (at epoch {feed.epoch}), and its task stream only "
+                "moves forward; create a new Prefetcher with state=..."
+            )
+        feed.end_loops(
+            ConfigError,
+            "load_state_dict() was called after this loop began; call iter() "
+            "again (a new for loop) to resume from the state",
+        )
+        self._resume_at(epoch, first, skip)
+
+    def _resume_at(self, epoch: int, first: int, skip: frozenset[int]) -> None:
+        feed = self._feed
+        feed.epoch = epoch - 1
         feed.epoch_done = False  # the next loop skips the workers ahead
+        feed.in_epoch = False
+        feed.resume_batch = first
+        feed.resume_skip = skip
+
+    def _map_sampler(self, what: str) -> EpochSampler:
+        if self._sampler is None:
+            raise TypeError(f"{what}(): {_NO_STATE}")
+        return self._sampler
 
     @property
     def dataset(self) -> Any:
@@ -561,6 +650,14 @@ class Prefetcher:
             "slots": self.slots,
             "workers": per_worker,
         }
+
+
+_NO_STATE = (
+    "a callable source's position is its iterator's, which fastq cannot "
+    "save; resume it in the callable itself (for example from a counter "
+    "it keeps in a file, or an iterator that offers state_dict()), or use "
+    "a map-style dataset"
+)
 
 
 def _refuse_torch_iterable(source: Any) -> None:

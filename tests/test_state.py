@@ -1,0 +1,210 @@
+"""Exact resume: a Prefetcher's state_dict() loaded into another (any number
+of workers) continues bit for bit where it was saved, and the known
+pitfalls of resuming are each a test."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import CountingBatches, RandomDataset
+
+import fastq
+
+BATCH = 4  # RandomDataset has 64 samples: 16 batches per epoch
+
+
+def make(**kw: Any) -> fastq.Prefetcher:
+    kw.setdefault("workers", 2)
+    kw.setdefault("seed", 11)
+    return fastq.Prefetcher(RandomDataset(), batch_size=BATCH, shuffle=True, **kw)
+
+
+def take(it: Any, n: int) -> list[tuple[np.ndarray, ...]]:
+    return [tuple(np.array(x) for x in next(it)) for _ in range(n)]
+
+
+def epoch(pf: fastq.Prefetcher) -> list[tuple[np.ndarray, ...]]:
+    return [tuple(np.array(x) for x in b) for b in pf]
+
+
+def same(a: list[tuple[np.ndarray, ...]], b: list[tuple[np.ndarray, ...]]) -> bool:
+    return len(a) == len(b) and all(
+        all(np.array_equal(x, y) for x, y in zip(p, q)) for p, q in zip(a, b)
+    )
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[tuple[np.ndarray, ...]]]:
+    """Three epochs, never interrupted."""
+    with make() as pf:
+        return [epoch(pf) for _ in range(3)]
+
+
+def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(json.dumps(state))
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_resume_mid_epoch_is_bit_identical_with_any_workers(
+    reference: Any, workers: int
+) -> None:
+    with make() as pf:
+        it = iter(pf)
+        first = take(it, 6)
+        state = roundtrip(pf.state_dict())
+    assert state["epoch"] == 0 and state["batches_done"] == 6
+    with make(workers=workers, seed=None, state=state) as pf:
+        rest = epoch(pf)
+        later = [epoch(pf), epoch(pf)]
+    assert same(first + rest, reference[0])
+    assert same(later[0], reference[1]) and same(later[1], reference[2])
+
+
+def test_skipped_batches_are_never_made() -> None:
+    with make() as pf:
+        it = iter(pf)
+        take(it, 12)
+        state = pf.state_dict()
+    with make(state=state, slots=2) as pf:
+        rest = epoch(pf)
+        made = sum(w["batches"] for w in pf.stats()["workers"])
+    assert len(rest) == 4
+    assert made <= len(rest) + 3  # the next epoch's prefetch at most
+
+
+def test_load_state_dict_into_a_running_prefetcher(reference: Any) -> None:
+    with make() as pf:
+        it = iter(pf)
+        take(it, 3)
+        state = pf.state_dict()
+    with make() as pf:
+        pf.load_state_dict(state)
+        assert same(epoch(pf), reference[0][3:])
+
+
+def test_a_state_saved_at_an_epochs_end_resumes_at_the_next(reference: Any) -> None:
+    with make() as pf:
+        epoch(pf)
+        state = pf.state_dict()
+    assert state["epoch"] == 1 and state["batches_done"] == 0
+    with make(state=state) as pf:
+        assert same(epoch(pf), reference[1])
+
+
+def test_a_state_saved_after_the_last_batch_but_before_stopiteration(
+    reference: Any,
+) -> None:
+    with make() as pf:
+        it = iter(pf)
+        take(it, 16)  # every batch, StopIteration not yet seen
+        state = pf.state_dict()
+    with make(state=state) as pf:
+        assert same(epoch(pf), reference[1])
+
+
+def test_a_state_saved_before_any_batch_is_the_whole_run(reference: Any) -> None:
+    with make() as pf:
+        state = pf.state_dict()
+    assert state["epoch"] == 0 and state["batches_done"] == 0
+    with make(state=state) as pf:
+        assert same(epoch(pf), reference[0])
+
+
+def test_a_state_saved_after_a_break_resumes_the_rest_of_that_epoch(
+    reference: Any,
+) -> None:
+    with make() as pf:
+        for i, _ in enumerate(pf):
+            if i == 4:
+                break
+        state = pf.state_dict()
+    assert state["epoch"] == 0 and state["batches_done"] == 5
+    with make(state=state) as pf:
+        assert same(epoch(pf), reference[0][5:])
+
+
+def test_a_loaded_state_reads_back_unchanged() -> None:
+    with make() as pf:
+        it = iter(pf)
+        take(it, 7)
+        state = pf.state_dict()
+    with make(state=state) as pf:
+        assert pf.state_dict() == state
+
+
+def test_load_state_dict_after_iter_ends_that_loop_with_the_fix(
+    reference: Any,
+) -> None:
+    """torchdata's StatefulDataLoader restarts silently here."""
+    with make() as pf:
+        it = iter(pf)
+        take(it, 5)
+        state = pf.state_dict()
+    with make() as pf:
+        stale = iter(pf)
+        take(stale, 2)
+        pf.load_state_dict(state)
+        with pytest.raises(fastq.ConfigError, match="call iter\\(\\) again"):
+            next(stale)
+        assert same(epoch(pf), reference[0][5:])
+
+
+def test_unordered_resume_delivers_exactly_the_others() -> None:
+    with make(ordered=False) as pf:
+        it = iter(pf)
+        got = take(it, 7)
+        state = roundtrip(pf.state_dict())
+    done = state["batches_done"] + len(state["delivered"])
+    assert done == 7
+    with make(ordered=False, state=state) as pf:
+        rest = epoch(pf)
+    samples = sorted(int(s) for b in got + rest for s in b[2])
+    assert samples == list(range(64))
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"batch_size": 8}, "batch_size"),
+        ({"samples": 65}, "samples"),
+        ({"world_size": 2, "rank": 0}, "world_size"),
+        ({"seed": 12}, "seed"),
+        ({"batches_done": 99}, "batches_done"),
+        ({"format": "other"}, "format"),
+    ],
+)
+def test_a_state_of_another_stream_is_refused_naming_the_field(
+    change: dict[str, Any], field: str
+) -> None:
+    with make() as pf:
+        state = {**pf.state_dict(), **change}
+        with pytest.raises(fastq.ConfigError, match=field):
+            pf.load_state_dict(state)
+
+
+def test_a_state_of_another_dataset_length_names_both_lengths() -> None:
+    with make() as pf:
+        state = {**pf.state_dict(), "samples": 100}
+    with pytest.raises(fastq.ConfigError, match=r"samples'\]=100.*samples=64"):
+        make(state=state)
+
+
+def test_the_stream_only_moves_forward() -> None:
+    with make() as pf:
+        old = pf.state_dict()
+        epoch(pf)
+        epoch(pf)
+        with pytest.raises(fastq.ConfigError, match="only\\s+moves forward"):
+            pf.load_state_dict(old)
+
+
+def test_a_callable_source_says_how_to_resume_it() -> None:
+    with fastq.Prefetcher(CountingBatches(2), workers=1) as pf:
+        with pytest.raises(TypeError, match="state_dict"):
+            pf.state_dict()
+    with pytest.raises(fastq.ConfigError, match="callable source's position"):
+        fastq.Prefetcher(CountingBatches(2), workers=1, state={"format": "x"})
