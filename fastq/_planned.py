@@ -76,6 +76,7 @@ class PlannedPrefetcher(Prefetcher):
         rank: int,
         world_size: int,
         make_batch: Callable[[Any], Any] | None = None,
+        first_batch: int = 0,
     ) -> None:
         self._pid = os.getpid()
         self._closed = True
@@ -106,7 +107,10 @@ class PlannedPrefetcher(Prefetcher):
         self._planned = 0  # next task to plan
         self._epoch = epoch
         self._epoch_start = 0
-        self._epoch_count = 0  # batches planned in this epoch
+        # The epoch's batches planned, counted from its first (a resumed
+        # epoch starts at first_batch: those before it were delivered).
+        self._epoch_first = first_batch
+        self._epoch_count = first_batch
         self._planned_indices: dict[int, Sequence[Any]] = {}
         self._max_bytes = slot_bytes
         # Until the ring exists: which worker is making a first batch (and
@@ -365,9 +369,10 @@ class PlannedPrefetcher(Prefetcher):
             self._ring.set_planned(task)
 
     def begin_epoch(
-        self, batches: Iterator[Sequence[Any]], epoch: int
+        self, batches: Iterator[Sequence[Any]], epoch: int, first_batch: int = 0
     ) -> Iterator[Any]:
-        """One epoch over ``batches`` (the sampler's index lists)."""
+        """One epoch over ``batches`` (the sampler's index lists), whose
+        first is the epoch's batch ``first_batch``."""
         self._check_open()
         if self._first_epoch_pending:
             # The constructor planned this epoch's start already.
@@ -390,7 +395,8 @@ class PlannedPrefetcher(Prefetcher):
             self._exhausted = False
             self._epoch = epoch
             self._epoch_start = start
-            self._epoch_count = 0
+            self._epoch_first = first_batch
+            self._epoch_count = first_batch
             self._fill()
         if self._sized:
             self._feed.live += 1
@@ -482,7 +488,7 @@ class _PlannedEpochIterator:
         engine._fill()
         c = feed.consumer
         done = engine._handed() - self._handed0
-        if done >= engine._epoch_count and engine._exhausted:
+        if done + engine._epoch_first >= engine._epoch_count and engine._exhausted:
             raise StopIteration
         lo = engine._epoch_start
         lease = feed.next_lease(lo, engine._planned)

@@ -5,6 +5,7 @@ where there is something to compare."""
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import warnings
 from typing import Any
@@ -298,6 +299,96 @@ def test_resuming_at_an_epoch_repeats_it_exactly() -> None:
     for a, b in zip(list(resumed), epochs[2]):
         assert torch.equal(a[0], b[0])
     resumed.close()
+
+
+def loader_for_state(workers: int, persistent: bool) -> DataLoader:
+    return DataLoader(
+        Augmented(40),
+        batch_size=4,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=persistent,
+    )
+
+
+@pytest.mark.parametrize("persistent_workers", [False, True])
+def test_state_dict_resumes_mid_epoch_bit_identical(persistent_workers: bool) -> None:
+    """A checkpoint in epoch 1, a new process (another global seed, another
+    number of workers): the rest of epoch 1 and epoch 2 are the
+    uninterrupted run's, shuffling and augmentations included."""
+    torch.manual_seed(3)
+    ref = loader_for_state(2, persistent_workers)
+    want = [list(ref) for _ in range(3)]
+    ref.close()
+    torch.manual_seed(3)
+    loader = loader_for_state(2, persistent_workers)
+    list(loader)
+    it = iter(loader)
+    got = [next(it) for _ in range(4)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["epoch"] == 1 and state["batches_done"] == 4
+    loader.close()
+    torch.manual_seed(999)
+    resumed = loader_for_state(3, persistent_workers)
+    resumed.load_state_dict(state)
+    assert same(got + list(resumed), want[1])
+    assert same(list(resumed), want[2])
+    resumed.close()
+
+
+def test_state_dict_at_an_epochs_end_resumes_at_the_next() -> None:
+    torch.manual_seed(5)
+    ref = loader_for_state(2, False)
+    want = [list(ref) for _ in range(2)]
+    torch.manual_seed(5)
+    loader = loader_for_state(2, False)
+    list(loader)
+    state = loader.state_dict()
+    assert state["epoch"] == 1 and state["batches_done"] == 0
+    resumed = loader_for_state(1, False)
+    resumed.load_state_dict(state)
+    assert same(list(resumed), want[1])
+    # After the last batch, before StopIteration: the next epoch too.
+    torch.manual_seed(5)
+    ref = loader_for_state(2, True)
+    want = [list(ref) for _ in range(2)]
+    ref.close()
+    torch.manual_seed(5)
+    loader = loader_for_state(2, True)
+    it = iter(loader)
+    for _ in range(len(loader)):
+        next(it)
+    state = loader.state_dict()
+    assert state["batches_done"] == len(loader)
+    loader.close()
+    resumed = loader_for_state(2, True)
+    resumed.load_state_dict(state)
+    assert same(list(resumed), want[1])
+    resumed.close()
+
+
+def test_load_state_dict_after_iter_ends_that_loop() -> None:
+    loader = loader_for_state(2, True)
+    state = loader.state_dict()
+    it = iter(loader)
+    next(it)
+    loader.load_state_dict(state)
+    with pytest.raises(fastq.ConfigError, match=r"call iter\(\) again"):
+        next(it)
+    assert len(list(loader)) == 10
+    loader.close()
+
+
+def test_a_state_of_another_dataset_is_refused() -> None:
+    loader = loader_for_state(2, False)
+    state = {**loader.state_dict(), "samples": 41}
+    with pytest.raises(fastq.ConfigError, match=r"samples'\]=41.*samples=40"):
+        loader.load_state_dict(state)
+    state = {**loader.state_dict(), "batches": 5}
+    with pytest.raises(fastq.ConfigError, match="batch_size"):
+        loader.load_state_dict(state)
+    with pytest.raises(TypeError, match="IterableDataset's place"):
+        DataLoader(Sharded(8), num_workers=1).state_dict()
 
 
 def test_batch_sampler_with_variable_sizes_up_to_a_bound() -> None:

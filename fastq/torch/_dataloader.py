@@ -14,6 +14,7 @@ over the slot, without a copy, a pickle of its arrays, or a file descriptor.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import os
@@ -36,6 +37,12 @@ from ._worker_side import IterableSource, MapSource
 __all__ = ["DataLoader", "DataLoaderTimeout"]
 
 _MAP_STYLE = 0  # torch's _DatasetKind.Map
+_STATE_FORMAT = "fastq.torch.DataLoader/1"
+
+
+def _decode_rng(text: str) -> torch.Tensor:
+    data = bytearray(base64.b64decode(text))
+    return torch.frombuffer(data, dtype=torch.uint8).clone()
 
 
 class DataLoaderTimeout(FetchTimeout, RuntimeError):
@@ -121,6 +128,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._epoch_fixed = False  # set_epoch() named the next epoch
         self._seed: int | None = None  # persistent workers' base seed
         self._warned_pin = False
+        self._resume: dict[str, Any] | None = None  # loaded, for the next iter()
+        self._seed_from_state = False
+        self._live: _LoaderIterator | None = None  # the current epoch's loop
         super().__init__(
             dataset,
             batch_size,
@@ -208,31 +218,145 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         ):
             engine.close()
             engine = self._engine = None
+        # A loaded state brings the generator back to where this epoch's
+        # draws began: before the base seed's draw if the state has no
+        # seed (saved between epochs), else after it.
+        generator = self.generator or torch.default_generator
+        resume, self._resume = self._resume, None
+        if resume is not None and resume["seed"] is None:
+            generator.set_state(_decode_rng(resume["rng_state"]))
         if engine is None:
             self._draw_seed()
+        if resume is not None and resume["seed"] is not None:
+            generator.set_state(_decode_rng(resume["rng_state"]))
         if self._dataset_kind != _MAP_STYLE:
             if engine is None:
                 engine = self._start(None, epoch)
                 if engine is None:
                     return _LoaderIterator(self, iter(()))
             return _LoaderIterator(self, iter(engine))
+        rng = generator.get_state()  # as the sampler starts to draw
+        skip = 0 if resume is None else int(resume["batches_done"])
         batches = iter(self._index_sampler)
         if not self._auto_collation:
             batches = ([i] for i in batches)
+        for _ in range(skip):  # delivered before the state was saved
+            next(batches, None)
         if engine is not None:
-            return _LoaderIterator(self, engine.begin_epoch(batches, epoch))
+            it = engine.begin_epoch(batches, epoch, skip)
+            return self._loop(it, epoch, skip, rng)
         first = next(batches, None)
         if first is None:
-            return _LoaderIterator(self, iter(()))  # an empty epoch
-        engine = self._start(itertools.chain([first], batches), epoch)
+            return self._loop(iter(()), epoch, skip, rng)  # an empty epoch
+        engine = self._start(itertools.chain([first], batches), epoch, skip)
         assert engine is not None
-        return _LoaderIterator(self, engine.begin_epoch(iter(()), epoch))
+        return self._loop(engine.begin_epoch(iter(()), epoch), epoch, skip, rng)
+
+    def _loop(
+        self, it: Iterator[Any], epoch: int, done: int, rng: torch.Tensor
+    ) -> _LoaderIterator:
+        self._live = _LoaderIterator(self, it, epoch, done, self._seed, rng)
+        return self._live
+
+    # -------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is, as a small JSON-serialisable dict, for a
+        checkpoint (StatefulDataLoader's method, map-style datasets): the
+        epoch, the batches of it delivered, the base seed and the sampler
+        generator's state as the epoch began. ``load_state_dict`` in a new
+        process continues with the rest of that epoch and every later one,
+        bit-identical to a run that never stopped, with any
+        ``num_workers > 0``."""
+        self._check_stateful()
+        live = self._live
+        if live is not None and live.in_epoch:
+            epoch, done, seed, rng = live.epoch, live.done, live.seed, live.rng
+        else:  # between epochs: the next starts as the uninterrupted run's
+            epoch, done = self._epoch, 0
+            persistent = self.persistent_workers and self._engine is not None
+            seed = self._seed if persistent else None
+            rng = (self.generator or torch.default_generator).get_state()
+        return {
+            "format": _STATE_FORMAT,
+            "epoch": epoch,
+            "batches_done": done,
+            "seed": seed,
+            "rng_state": base64.b64encode(rng.numpy().tobytes()).decode(),
+            "samples": len(self.dataset),  # type: ignore[arg-type]
+            "batches": len(self),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next ``iter()`` resumes where ``state`` (from ``state_dict()``)
+        was saved. Without a ``generator=``, torch's global generator is set
+        to the state it had when that epoch began, as the uninterrupted run
+        had it. A loop begun before this call ends with a ConfigError at
+        its next batch (it would otherwise silently restart)."""
+        self._check_stateful()
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            got = state.get("format") if isinstance(state, dict) else state
+            raise ConfigError(
+                f"state: expected a dict from fastq.torch.DataLoader.state_dict() "
+                f"(format {_STATE_FORMAT!r}), got {got!r}"
+            )
+        for key, mine, fix in (
+            ("samples", len(self.dataset), "this state is of another dataset"),  # type: ignore[arg-type]
+            (
+                "batches",
+                len(self),
+                "pass the batch_size, drop_last and sampler the state was saved with",
+            ),
+        ):
+            if state.get(key) != mine:
+                raise ConfigError(
+                    f"state[{key!r}]={state.get(key)!r}, but this loader has "
+                    f"{key}={mine!r}: {fix}"
+                )
+        done = state.get("batches_done")
+        if not isinstance(done, int) or not 0 <= done <= len(self):
+            raise ConfigError(
+                f"state['batches_done']={done!r}: expected 0 to {len(self)}"
+            )
+        if self._live is not None:
+            self._live.superseded = True
+        self.close()  # workers restart with the state's seed
+        self._seed = state.get("seed")
+        self._seed_from_state = self._seed is not None
+        self.set_epoch(state["epoch"])
+        if done < len(self):
+            self._resume = state
+            return
+        # Saved after the epoch's last batch: the sampler's draws for it are
+        # made again (indices only), so the next epoch starts from the
+        # generator state the uninterrupted run had.
+        self._resume = None
+        generator = self.generator or torch.default_generator
+        generator.set_state(_decode_rng(state["rng_state"]))
+        for _ in self._index_sampler:
+            pass
+        if not self.persistent_workers:
+            self._seed, self._seed_from_state = None, False
+        self.set_epoch(state["epoch"] + 1)
+
+    def _check_stateful(self) -> None:
+        if self._dataset_kind != _MAP_STYLE or self.num_workers == 0:
+            raise TypeError(
+                "state_dict()/load_state_dict(): fastq.torch.DataLoader saves "
+                "its place for a map-style dataset with num_workers > 0; an "
+                "IterableDataset's place is its iterator's (give it "
+                "state_dict()/load_state_dict() of its own), and "
+                "num_workers=0 runs torch's own loader"
+            )
 
     def _draw_seed(self) -> None:
         """DataLoader's base seed: one draw from torch's generator (or the
         loader's) when its workers start, before the sampler draws its own,
         so torch.manual_seed makes a run repeatable and the same order as
-        DataLoader's."""
+        DataLoader's. A loaded state's seed is used instead, once."""
+        if self._seed_from_state:
+            self._seed_from_state = False
+            return
         if self._seed is None or not self.persistent_workers:
             self._seed = int(
                 torch.empty((), dtype=torch.int64)
@@ -241,7 +365,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             ) & ((1 << 63) - 1)
 
     def _start(
-        self, batches: Iterator[Any] | None, epoch: int
+        self, batches: Iterator[Any] | None, epoch: int, first_batch: int = 0
     ) -> PlannedPrefetcher | None:
         """Starts the workers (at the first iter(), never at construction).
         None for an iterable dataset with nothing in it."""
@@ -277,6 +401,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 rank=rank,
                 world_size=world_size,
                 make_batch=_pinner(self),
+                first_batch=first_batch,
             )
         except ConfigError as exc:
             if getattr(exc, "empty", False) and batches is None:
@@ -316,15 +441,42 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 class _LoaderIterator:
     """The iterator a DataLoader hands out: the engine's epoch, with a
     worker's exception raised as its own type and a timeout as
-    DataLoader's."""
+    DataLoader's. It keeps the epoch's place for state_dict(): the batches
+    delivered (a failed one included, as it is gone), the base seed and
+    the sampler generator's state as the epoch began."""
 
-    __slots__ = ("_begun", "_handed", "_it", "_loader")
+    __slots__ = (
+        "_begun",
+        "_handed",
+        "_it",
+        "_loader",
+        "done",
+        "epoch",
+        "in_epoch",
+        "rng",
+        "seed",
+        "superseded",
+    )
 
-    def __init__(self, loader: DataLoader, it: Iterator[Any]) -> None:
+    def __init__(
+        self,
+        loader: DataLoader,
+        it: Iterator[Any],
+        epoch: int = 0,
+        done: int = 0,
+        seed: int | None = None,
+        rng: Any = None,
+    ) -> None:
         self._loader = loader
         self._it = it
         self._begun = False
         self._handed = 0
+        self.epoch = epoch
+        self.done = done
+        self.seed = seed
+        self.rng = rng
+        self.in_epoch = True
+        self.superseded = False  # a state was loaded while it ran
 
     def __iter__(self) -> _LoaderIterator:
         return self
@@ -333,17 +485,25 @@ class _LoaderIterator:
         return len(self._loader)
 
     def __next__(self) -> Any:
+        if self.superseded:
+            raise ConfigError(
+                "load_state_dict() was called after this loop began; call "
+                "iter() again (a new for loop) to resume from the state"
+            )
         try:
             batch = next(self._it)
         except StopIteration:
+            self.in_epoch = False
             self._end()
             raise
         except WorkerError as exc:
+            self.done += 1
             self._mark_begun()
             raise _with_own_type(exc) from None
         except FetchTimeout as exc:
             raise _as_dataloader_timeout(exc) from None
         self._handed += 1
+        self.done += 1
         loader = self._loader
         reported = loader._IterableDataset_len_called
         if reported is not None and self._handed > reported:

@@ -85,6 +85,20 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
         opts.update(kwargs)
         return torch.utils.data.DataLoader(self, **opts)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The prefetcher's ``state_dict()`` (map-style sources), for a
+        trainer that checkpoints its data like StatefulDataLoader's."""
+        return self.prefetcher.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes at ``state``: before the prefetcher starts, its workers
+        start there (``state=``); after, the next ``iter()`` does."""
+        if self._prefetcher is None:
+            self._kwargs["state"] = state
+            self._kwargs.pop("seed", None)  # the state's seed
+        else:
+            self._prefetcher.load_state_dict(state)
+
     def close(self) -> None:
         """Closes the prefetcher, if it was started."""
         if self._prefetcher is not None:
