@@ -478,7 +478,7 @@ class _PlannedEpochIterator:
 
     def __next__(self) -> Any:
         engine = self._engine
-        if engine.sizing:
+        if not engine._sized:
             engine._check_open()
             engine._next_before_ring()
         feed = engine._feed
@@ -487,8 +487,8 @@ class _PlannedEpochIterator:
             raise StopIteration
         engine._fill()
         c = feed.consumer
-        done = engine._handed() - self._handed0
-        if done + engine._epoch_first >= engine._epoch_count and engine._exhausted:
+        done = c.handed + engine._early_handed - self._handed0 + engine._epoch_first
+        if done >= engine._epoch_count and engine._exhausted:
             raise StopIteration
         lo = engine._epoch_start
         lease = feed.next_lease(lo, engine._planned)

@@ -163,15 +163,15 @@ class Handoff:
 
 class _Arrays:
     """While pickling: each large array, and each shared_array, becomes a
-    reference to its place in a memfd the worker maps. Index i < len(segments)
-    names a shared_array's memfd; index len(segments) names the memfd the
-    copies are written to (known once the pickle is done)."""
+    reference to its place in a memfd the worker maps: index i names the
+    memfd of segments[i] (a shared_array's), _COPIES the memfd the copies
+    are written to once the pickle is done. The pickler's memo sees an
+    array referenced twice only once, so it is copied once."""
 
     def __init__(self) -> None:
         self.segments: list[_Segment] = []
         self.copied: list[tuple[np.ndarray[Any, Any], int]] = []  # (array, offset)
         self.copy_bytes = 0
-        self._copied_ids: dict[int, int] = {}  # id(array) -> offset
 
     def reduce(self, obj: Any) -> Any:
         if type(obj) is not np.ndarray or obj.dtype.hasobject:
@@ -184,12 +184,9 @@ class _Arrays:
             where: Any = self.segments.index(segment)
             strides = obj.strides
         elif obj.nbytes >= SHARE_AT_BYTES:
-            offset = self._copied_ids.get(id(obj), -1)
-            if offset < 0:
-                offset = self.copy_bytes
-                self._copied_ids[id(obj)] = offset
-                self.copied.append((obj, offset))
-                self.copy_bytes += -(-obj.nbytes // _ALIGN) * _ALIGN
+            offset = self.copy_bytes
+            self.copied.append((obj, offset))
+            self.copy_bytes += -(-obj.nbytes // _ALIGN) * _ALIGN
             where = _COPIES
             strides = _contiguous_strides(obj)
         else:

@@ -6,6 +6,7 @@ nothing can leak even when every process is killed with SIGKILL.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import tempfile
@@ -92,6 +93,11 @@ def sized_memfd(name: str, size: int) -> int:
     fd = anonymous_file(name)
     try:
         os.ftruncate(fd, size)
+    except OSError as exc:  # a limit on file sizes, say (RLIMIT_FSIZE)
+        os.close(fd)
+        raise SharedMemoryError(
+            not_enough_memory(size, available, exc, what=name)
+        ) from exc
     except BaseException:
         os.close(fd)
         raise
@@ -172,6 +178,13 @@ def not_enough_memory(
     exc: OSError | None = None,
     what: str = "fastq-ring",
 ) -> str:
+    need = f"{_format_bytes(size)} ({size} bytes) of shared memory"
+    if exc is not None and exc.errno == errno.EFBIG:
+        return (
+            f"no room for {what}: it needs {need}, more than this process's "
+            "file-size limit allows (File too large; shared memory is a file "
+            "to the kernel). Raise the limit (ulimit -f) or use less."
+        )
     have = "unknown" if available is None else _format_bytes(available)
     why = f" ({exc.strerror})" if exc is not None else ""
     fix = (
@@ -180,6 +193,6 @@ def not_enough_memory(
         else "Free memory, or keep the data in a file the workers open."
     )
     return (
-        f"not enough memory for {what}: it needs {_format_bytes(size)} "
-        f"({size} bytes) of shared memory and {have} is available{why}. {fix}"
+        f"not enough memory for {what}: it needs {need} and {have} is "
+        f"available{why}. {fix}"
     )

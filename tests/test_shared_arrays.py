@@ -133,3 +133,62 @@ def test_the_copied_arrays_memory_is_released_at_close() -> None:
     assert len(batches) == ROWS // 4
     with open("/proc/self/maps") as f:
         assert not [line for line in f if "fastq-dataset-arrays" in line]
+
+
+LIMITED = """
+import resource, sys
+import numpy as np
+import fastq
+from helpers import HoldsArrays
+
+# Files of this process, memfds included, may not grow past 4 MiB (the
+# ring fits): the kernel refuses the shared copy of an 8 MiB array.
+resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+big = np.zeros((32, 32768))  # 8 MiB
+try:
+    fastq.shared_array(big)
+except fastq.SharedMemoryError as e:
+    print("shared_array:", e)
+if __name__ == "__main__":
+    try:
+        fastq.Prefetcher(HoldsArrays(big, np.arange(3)), batch_size=1, workers=1,
+                         slots=1, start_method="spawn")  # a ring under 1 MiB
+    except fastq.SharedMemoryError as e:
+        print("prefetcher:", e)
+    from conftest import ring_mappings
+    print("left:", ring_mappings())
+"""
+
+
+def test_memory_refused_for_the_shared_copy_is_a_clear_error(tmp_path: Any) -> None:
+    """A real refusal by the kernel (a file-size limit), not a mock: both
+    routes raise SharedMemoryError naming the bytes and the limit, and
+    leave nothing."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    script = tmp_path / "limited.py"
+    script.write_text(LIMITED)
+    env = {"PYTHONPATH": f"{tests}:{tests.parent}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any(
+        line.startswith("shared_array: no room for fastq-shared-array")
+        and "8388608 bytes" in line
+        and "ulimit -f" in line
+        for line in lines
+    ), proc.stdout
+    assert any(
+        line.startswith("prefetcher: no room for fastq-dataset-arrays")
+        for line in lines
+    ), proc.stdout
+    assert "left: []" in lines

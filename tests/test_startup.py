@@ -101,12 +101,10 @@ def env_for(project: Path) -> dict[str, str]:
     return env
 
 
-def run_script(project: Path, body: str, *args: str) -> list[dict[str, Any]]:
-    """Runs `body` as the script `main.py` in `project`; its JSON lines."""
-    script = project / "main.py"
-    script.write_text("from common import *\n\n" + textwrap.dedent(body))
+def run_python(project: Path, *args: str) -> str:
+    """`python *args` in `project`, which must exit 0; its output."""
     proc = subprocess.run(
-        [sys.executable, str(script), *args],
+        [sys.executable, *args],
         cwd=project,
         env=env_for(project),
         capture_output=True,
@@ -114,7 +112,15 @@ def run_script(project: Path, body: str, *args: str) -> list[dict[str, Any]]:
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    return [json.loads(line) for line in proc.stdout.splitlines() if line[:1] == "{"]
+    return proc.stdout
+
+
+def run_script(project: Path, body: str, *args: str) -> list[dict[str, Any]]:
+    """Runs `body` as the script `main.py` in `project`; its JSON lines."""
+    script = project / "main.py"
+    script.write_text("from common import *\n\n" + textwrap.dedent(body))
+    out = run_python(project, str(script), *args)
+    return [json.loads(line) for line in out.splitlines() if line[:1] == "{"]
 
 
 def imports(project: Path) -> list[int]:
@@ -154,32 +160,16 @@ def test_workers_share_the_scripts_imports(project: Path) -> None:
 
 def test_main_module_run_with_dash_m(project: Path) -> None:
     (project / "entry.py").write_text("from common import *\n" + MAIN)
-    proc = subprocess.run(
-        [sys.executable, "-m", "entry"],
-        cwd=project,
-        env=env_for(project),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.splitlines()[-1])
+    stdout = run_python(project, "-m", "entry")
+    out = json.loads(stdout.splitlines()[-1])
     assert out["parents"] == [out["server"]]
     assert imports(project) == [out["me"]]
 
 
 def test_python_dash_c(project: Path) -> None:
     code = "from common import *\nsay(**take(), me=os.getpid())\n"
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=project,
-        env=env_for(project),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.splitlines()[-1])
+    stdout = run_python(project, "-c", code)
+    out = json.loads(stdout.splitlines()[-1])
     assert out["rows"] == list(range(16))
     assert out["parents"] == [out["server"]]
     assert imports(project) == [out["me"]]
@@ -204,16 +194,8 @@ def test_main_defined_source_refused_under_dash_c(project: Path) -> None:
             print("refused:", e)
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=project,
-        env=env_for(project),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "refused:" in proc.stdout and "Local" in proc.stdout
+    stdout = run_python(project, "-c", code)
+    assert "refused:" in stdout and "Local" in stdout
 
 
 def test_repeated_prefetchers_reuse_the_zygote(project: Path) -> None:
@@ -270,10 +252,18 @@ def test_script_that_sets_a_start_method_as_it_is_imported(project: Path) -> Non
     assert out["parents"] == [out["server"]]
 
 
-def test_script_that_fails_as_it_is_imported_falls_back(project: Path) -> None:
-    """A main module that cannot be imported as __mp_main__: no zygote; the
-    normal fork server's workers fail as they did before it."""
-    body = """
+@pytest.mark.parametrize(
+    "prelude", ["", "    import fastq.torch\n"], ids=["at-first-workers", "at-import"]
+)
+def test_script_that_fails_as_it_is_imported_falls_back(
+    project: Path, prelude: str
+) -> None:
+    """A main module that cannot be imported as __mp_main__: no zygote (the
+    one forked at `import fastq.torch` is found out when workers first
+    start); the normal fork server's workers fail as they did before it."""
+    body = (
+        prelude
+        + """
     if __name__ != "__main__":
         raise RuntimeError("only as a script")
 
@@ -282,6 +272,7 @@ def test_script_that_fails_as_it_is_imported_falls_back(project: Path) -> None:
     except fastq.WorkerDied as e:
         say(died=str(e), server=zygote.server_pid())
     """
+    )
     (out,) = run_script(project, body)
     assert out["server"] is None
     assert "worker" in out["died"]
@@ -415,3 +406,24 @@ def test_zygote_forked_at_import_and_never_used_leaves_nothing(
     """
     (out,) = run_script(project, body)
     assert wait_gone([out["pending"]]) == []
+
+
+def test_a_helper_forked_while_the_zygote_starts_leaves_it_alone(
+    project: Path,
+) -> None:
+    """A child forked right after `import fastq.torch` (the zygote still
+    importing the script) exits through sys.exit: the parent's zygote is
+    not its own, and the parent's workers still come from it."""
+    body = """
+    import fastq.torch
+
+    if __name__ == "__main__":
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # atexit handlers and finalizers run here
+        os.waitpid(pid, 0)
+        say(**take())
+    """
+    (out,) = run_script(project, body)
+    assert out["rows"] == list(range(16))
+    assert out["parents"] == [out["server"]]

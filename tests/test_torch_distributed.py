@@ -3,16 +3,13 @@ DistributedSampler's semantics, with rank and world size found on their own."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tagged_runs import launch
 
 pytest.importorskip("torch")
 
@@ -23,13 +20,8 @@ N = 101
 
 
 def torchrun(script: Path, *args: str, timeout: float, nproc: int = 2) -> str:
-    """Runs `script` under torchrun in its own process group, killed whole
-    if it outlives `timeout`; its output."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]),
-        OMP_NUM_THREADS="1",
-    )
+    """Runs `script` under torchrun to its end (every process of it killed if
+    it outlives `timeout`, none left behind); its output."""
     cmd = [
         sys.executable,
         "-m",
@@ -39,25 +31,7 @@ def torchrun(script: Path, *args: str, timeout: float, nproc: int = 2) -> str:
         str(script),
         *args,
     ]
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # stragglers of a failed run
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, text[-6000:]
-    return text
+    return launch(cmd, HERE, timeout)
 
 
 @pytest.fixture(scope="module")
