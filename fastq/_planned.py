@@ -117,7 +117,7 @@ class PlannedPrefetcher(Prefetcher):
         # of which task), the error it answered, and the errors handed out.
         self._sized = False  # the ring and its Feed exist
         self._asked: int | None = None  # worker whose answer is due
-        self._asked_task = -1
+        self._asked_plan: Plan | None = None  # the task whose answer is due
         self._probed = 0  # the worker asked last
         self._early_error: Exception | None = None
         self._early_handed = 0
@@ -160,7 +160,7 @@ class PlannedPrefetcher(Prefetcher):
         try:
             self._pool = WorkerPool(ctx, configs, None)
             self._asked = 0
-            self._asked_task = 0 if first_plan is not None else -1
+            self._asked_plan = first_plan
             self._first_epoch_pending = first is not None
             self._answer()
         except BaseException:
@@ -199,7 +199,7 @@ class PlannedPrefetcher(Prefetcher):
             payload = self._next_plan()
             if payload is None:
                 return False
-            self._asked_task = payload.task
+            self._asked_plan = payload
         assert self._pool is not None
         self._pool.ask_first(self._probed, payload)
         self._asked = self._probed
@@ -214,12 +214,13 @@ class PlannedPrefetcher(Prefetcher):
         pool = self._pool
         assert pool is not None
         while True:
-            worker, task = self._asked, self._asked_task
+            worker, held = self._asked, self._asked_plan
+            task = -1 if held is None else held.task
             assert worker is not None
             kind, payload = pool.receive_first(worker, self.timeout)
             self._asked = None
             if kind == "spec":
-                self._build_ring(payload, task)
+                self._build_ring(payload, held)
                 return
             if kind == "error":
                 report, position = payload
@@ -264,9 +265,9 @@ class PlannedPrefetcher(Prefetcher):
                 raise StopIteration
             self._answer(initial=False)
 
-    def _build_ring(self, spec: PackedSpec, held_task: int) -> None:
-        """The ring, once a worker made a batch (task ``held_task`` of a
-        planned source, which that worker keeps and delivers first)."""
+    def _build_ring(self, spec: PackedSpec, held: Plan | None) -> None:
+        """The ring, once a worker made a batch (of task ``held``, for a
+        planned source: that worker keeps it for when it claims the task)."""
         assert self._pool is not None
         if self._max_bytes is not None:
             spec = PackedSpec(self._max_bytes)
@@ -291,11 +292,14 @@ class PlannedPrefetcher(Prefetcher):
         self._plans: PlanTable | None = None
         self._sized = True
         if plan is not None:
+            assert held is not None
             self._plans = PlanTable(ring, self._region.mapping, plan)
-            # Tasks up to the held one were planned through the workers'
-            # sockets; the others claim on from there.
-            ring.skip_tasks_to(self._planned)
-            ring.set_planned(self._planned)
+            # Tasks before the held one were planned (and failed) through
+            # the workers' sockets; claims start at the held one, planned
+            # in the table too, for whichever worker claims it.
+            ring.skip_tasks_to(held.task)
+            self._plans.write(held.task, held.epoch, held.batch, held.indices)
+            ring.set_planned(held.task + 1)
         feed = self._feed = Feed(
             ring,
             self._pool,
@@ -311,7 +315,8 @@ class PlannedPrefetcher(Prefetcher):
         )
         feed.live = self._live  # the current loop goes on over the ring
         if plan is not None:
-            feed.consumer.next_task = held_task
+            assert held is not None
+            feed.consumer.next_task = held.task
             self._fill()
         self._pool.send_region(self._region, size, spec, ring, plan)
 

@@ -510,7 +510,7 @@ class _Producer:
     ) -> None:
         """Tasks whose indices the consumer planned (it runs the sampler);
         `first`: the batch this worker made before the ring existed, if any
-        (task ``cfg.first_plan``)."""
+        (task ``cfg.first_plan``), used if this worker claims that task."""
         source = self.cfg.source
         codec: Codec = source.codec
         slots = self.slots
@@ -521,15 +521,16 @@ class _Producer:
             slot = self.ring.pop_free(self.wid)
             if slot < 0:
                 return
-            if held is not _NOTHING:
-                # Made before the ring existed; the consumer started the
-                # task counter past it.
-                assert first_plan is not None
-                plan: Plan | None = first_plan
-                self.ring.record_task(slot, first_plan.task)
-            else:
-                plan = plans.read(self.ring.claim_task(slot))
+            # A slot first, then a task, even for the batch made before the
+            # ring existed: then the next batch in order is always either
+            # being made in a slot or not yet claimed (a kept batch waiting
+            # for a slot that later tasks filled would stall the ring).
+            task = self.ring.claim_task(slot)
+            plan = plans.read(task)
             wait_ns = time.perf_counter_ns() - t0w
+            keep, held = held, _NOTHING
+            if first_plan is None or task != first_plan.task:
+                keep = _NOTHING  # another worker claimed it first, and makes it
             if plan is None:
                 if self.ring.closed:
                     return
@@ -542,8 +543,8 @@ class _Producer:
             source.position = -1
             try:
                 arena = source.arena = Arena(slots[slot])
-                if held is not _NOTHING:
-                    batch, held = held, _NOTHING
+                if keep is not _NOTHING:
+                    batch, keep = keep, _NOTHING
                 else:
                     self.info._start_task(plan.epoch, plan.task)
                     _seed_batch(self.cfg, plan)

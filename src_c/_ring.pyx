@@ -202,12 +202,6 @@ cdef class Ring:
         self._check_slot(slot)
         return fq_claim_task(&self.ring, slot)
 
-    def record_task(self, uint32_t slot, uint64_t task):
-        """Records `task` in the census of `slot` (which the caller holds)
-        without claiming: a batch this worker made before the ring existed."""
-        self._check_slot(slot)
-        fq_record_task(&self.ring, slot, task)
-
     # ------------------------------------------------------- planned tasks
 
     @property

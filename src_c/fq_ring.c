@@ -525,12 +525,6 @@ void fq_set_pass(fq_ring *r, uint32_t pass) {
 
 uint32_t fq_get_pass(const fq_ring *r) { return atomic_load(&r->ctrl->pass); }
 
-void fq_record_task(fq_ring *r, uint32_t slot, uint64_t task) {
-    fault_check(FQ_FAULT_CLAIM);
-    /* relaxed, as in fq_claim_task. */
-    atomic_store_explicit(&r->headers[slot].task, task, memory_order_relaxed);
-}
-
 void fq_set_planned(fq_ring *r, uint64_t planned) {
     fq_ctrl *c = r->ctrl;
     uint64_t cur = atomic_load(&c->planned);

@@ -351,11 +351,6 @@ void fq_alert(fq_ring *r);
 void fq_set_pass(fq_ring *r, uint32_t pass);
 uint32_t fq_get_pass(const fq_ring *r);
 
-/* Records `task` in the census of the slot the caller holds, without
- * claiming: a task handed to this worker by other means (the first batch
- * of a source whose spec a worker inferred before the ring existed). */
-void fq_record_task(fq_ring *r, uint32_t slot, uint64_t task);
-
 /* Planned sources: raises the count of planned tasks (never lowers it) and
  * wakes workers waiting for a plan; fq_wait_planned sleeps until task is
  * planned (FQ_OK), the ring closes (FQ_CLOSED), or timeout_ns / a signal

@@ -108,7 +108,6 @@ cdef extern from "fq_ring.h" nogil:
     uint32_t fq_get_pass(const fq_ring *r)
     int fq_wait_control(fq_ring *r, uint32_t seen, int64_t timeout_ns)
     uint32_t fq_control(const fq_ring *r)
-    void fq_record_task(fq_ring *r, uint32_t slot, uint64_t task)
     void fq_set_planned(fq_ring *r, uint64_t planned)
     uint64_t fq_planned(const fq_ring *r)
     int fq_wait_planned(fq_ring *r, uint64_t task, int64_t timeout_ns)

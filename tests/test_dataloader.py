@@ -26,6 +26,7 @@ from torch_helpers.loader_data import (  # noqa: E402
     FailsBelow,
     FirstItemFails,
     Growing,
+    MarksFirst,
     Mixed,
     OnlyInWorkers,
     Pairs,
@@ -568,6 +569,37 @@ def test_a_killed_worker_is_workerdied_and_the_next_epoch_starts_afresh() -> Non
             pass
     del it
     assert len(list(loader)) == 200  # new workers, every batch
+
+
+def test_the_worker_that_sized_the_slots_may_start_last(tmp_path: Any) -> None:
+    """Worker 0 makes the first batch before the ring exists. Stopped right
+    after it, it finds every slot taken by the other worker's later batches
+    when it resumes: the first batch must not wait for it (it did, forever,
+    when worker 0 kept that batch's task outside the ring's claim order)."""
+    import signal
+    import threading
+    import time
+
+    mark = tmp_path / "first"
+
+    def stop_the_first_maker() -> None:
+        while not mark.exists():
+            time.sleep(0.0005)
+        pid = int(mark.read_text())
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(1.0)  # worker 1 fills the slots meanwhile
+        os.kill(pid, signal.SIGCONT)
+
+    stopper = threading.Thread(target=stop_the_first_maker)
+    stopper.start()
+    try:
+        loader = DataLoader(
+            MarksFirst(40, str(mark)), batch_size=2, num_workers=2, timeout=20
+        )
+        got = sorted(int(i) for b in loader for i in b)
+    finally:
+        stopper.join()
+    assert got == list(range(40))
 
 
 def test_ctrl_c_while_waiting_then_running_the_cell_again() -> None:

@@ -201,3 +201,22 @@ class _FailFirst:
             self.fail = False
             raise ValueError("the first item is bad")
         return next(self.items)
+
+
+class MarksFirst(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Sample i is i; making sample 0 writes the maker's pid into `path`
+    (a test stops that process there)."""
+
+    def __init__(self, n: int, path: str) -> None:
+        self.n = n
+        self.path = path
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 0:
+            with open(self.path + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.replace(self.path + ".tmp", self.path)
+        return torch.tensor(i)
