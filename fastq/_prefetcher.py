@@ -22,7 +22,7 @@ from ._ring import MAX_SLOTS, MAX_WORKERS, Ring, region_size
 from ._sampler import EpochSampler
 from ._shm import PAGE_SIZE, Region
 from ._spec import BatchSpec
-from ._state import check_state, make_state
+from ._state import Resume, check_state, make_state
 from ._worker import WorkerConfig
 from .errors import ConfigError, PrefetcherClosed
 
@@ -191,7 +191,9 @@ class Prefetcher:
         BLAS/OpenMP/torch threads per worker (default 1); None leaves them.
     state : dict, optional
         A ``state_dict()`` saved earlier (map-style sources): start where it
-        was saved, with its seed; the skipped batches are never made.
+        was saved, with its seed; the skipped batches are never made. A
+        state saved on another world size (any of its ranks') shards the
+        rest of its epoch across this one's ranks.
 
     Raises
     ------
@@ -277,7 +279,7 @@ class Prefetcher:
         ctx = get_context(start_method)
 
         self._sampler: EpochSampler | None = None
-        resume = None  # (epoch, first batch, batches to drop) from state
+        resume: Resume | None = None
         known: BatchSpec | None  # None: a worker infers it
         if self._is_map:
             known = self._map_spec(source, batch_size, spec)
@@ -292,7 +294,9 @@ class Prefetcher:
             )
             if self._sampler.batches_per_epoch == 0:
                 raise _no_batch_error(self._sampler)
-            resume = None if state is None else check_state(state, self._sampler)
+            if state is not None:
+                resume = check_state(state, self._sampler)
+                self._sampler.reshard = resume.reshard
         else:
             if state is not None:
                 raise ConfigError(_NO_STATE)
@@ -311,18 +315,31 @@ class Prefetcher:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        self._engine_args = (ctx, known, worker_init, worker_threads)
+        try:
+            self._start_engine(resume)
+        except BaseException:
+            self._teardown()
+            raise
+        self._closed = False
+
+    def _start_engine(self, resume: Resume | None) -> None:
+        """Starts the workers, the ring and the feed; with ``resume``, the
+        workers begin at its first batch (the skipped ones are never made)."""
+        ctx, known, worker_init, worker_threads = self._engine_args
+        workers = self.workers
 
         def config(w: int, region: Any, size: int) -> WorkerConfig:
             return WorkerConfig(
                 worker_id=w,
                 num_workers=workers,
-                source=source,
+                source=self._source,
                 is_map=self._is_map,
                 spec=known,
                 sampler=self._sampler,
-                seed=seed,
-                rank=rank,
-                world_size=world_size,
+                seed=self.seed,
+                rank=self.rank,
+                world_size=self.world_size,
                 worker_init=worker_init,
                 region=region,
                 region_size=size,
@@ -331,50 +348,64 @@ class Prefetcher:
                 death_signal=_in_main_thread(),
             )
 
-        try:
-            if known is None:
-                # A callable source without spec=: worker 0 infers it from
-                # its first batch; the ring is made once it is known.
-                self._pool = WorkerPool(
-                    ctx, [config(w, None, 0) for w in range(workers)], None
-                )
-                self._spec = self._pool.receive_spec(self.timeout)
-                size = self._make_ring(slots, workers)
-                assert self._region is not None
-                self._pool.send_region(self._region, size, self._spec, self._ring)
-            else:
-                self._spec = known
-                size = self._make_ring(slots, workers)
-                assert self._region is not None
-                if resume is not None:
-                    # Workers start at the state's first batch: the skipped
-                    # ones are never made.
-                    epoch, first, _ = resume
-                    assert self._sampler is not None
-                    self._ring.skip_tasks_to(
-                        epoch * self._sampler.batches_per_epoch + first
-                    )
-                share = self._region.share()
-                self._pool = WorkerPool(
-                    ctx, [config(w, share, size) for w in range(workers)], self._ring
-                )
-            self._feed = Feed(
-                self._ring,
-                self._pool,
-                self._spec,
-                self._sampler,
-                ordered=self.ordered,
-                timeout=self.timeout,
-                copy=self.copy,
-                spin_s=_SPIN_NS / 1e9,
-                host=weakref.proxy(self),
+        if known is None:
+            # A callable source without spec=: worker 0 infers it from its
+            # first batch; the ring is made once it is known.
+            self._pool = WorkerPool(
+                ctx, [config(w, None, 0) for w in range(workers)], None
             )
+            self._spec = self._pool.receive_spec(self.timeout)
+            size = self._make_ring(self.slots, workers)
+            assert self._region is not None
+            self._pool.send_region(self._region, size, self._spec, self._ring)
+        else:
+            self._spec = known
+            size = self._make_ring(self.slots, workers)
+            assert self._region is not None
             if resume is not None:
-                self._resume_at(*resume)
+                assert self._sampler is not None
+                self._ring.skip_tasks_to(
+                    resume.epoch * self._sampler.batches_per_epoch + resume.first
+                )
+            share = self._region.share()
+            self._pool = WorkerPool(
+                ctx, [config(w, share, size) for w in range(workers)], self._ring
+            )
+        self._feed = Feed(
+            self._ring,
+            self._pool,
+            self._spec,
+            self._sampler,
+            ordered=self.ordered,
+            timeout=self.timeout,
+            copy=self.copy,
+            spin_s=_SPIN_NS / 1e9,
+            host=weakref.proxy(self),
+        )
+        if resume is not None:
+            self._resume_at(resume)
+
+    def _restart_engine(self, resume: Resume) -> None:
+        """New workers, ring and feed, for a state whose epoch the running
+        workers cannot make (it is resharded: they shard it otherwise).
+        Batches handed out before stay valid while referenced."""
+        self._stop_engine()
+        self._teardown()
+        self._pool, self._region = None, None
+        try:
+            self._start_engine(resume)
+            self._engine_started()
         except BaseException:
-            self._teardown()
+            self.close()
             raise
-        self._closed = False
+
+    def _stop_engine(self) -> None:
+        """Called before the engine is replaced: a subclass that holds the
+        ring (pinned for GPU copies) lets go of it."""
+
+    def _engine_started(self) -> None:
+        """Called after the engine was replaced: a subclass takes hold of
+        the new ring."""
 
     def _make_ring(self, slots: int, workers: int) -> int:
         slot_bytes = max(self._spec.slot_bytes, _MIN_SLOT_BYTES)
@@ -438,7 +469,7 @@ class Prefetcher:
                 "and its task stream only moves forward; call set_epoch before "
                 "iterating, or create a new Prefetcher to go back"
             )
-        self._resume_at(e, 0, frozenset())
+        self._resume_at(Resume(e, 0, frozenset(), None))
 
     # ------------------------------------------------------------ state
 
@@ -481,8 +512,9 @@ class Prefetcher:
         Prefetcher with ``state=``."""
         self._check_open()
         sampler = self._map_sampler("load_state_dict")
-        epoch, first, skip = check_state(state, sampler)
+        resume = check_state(state, sampler)
         feed = self._feed
+        epoch, first = resume.epoch, resume.first
         if epoch * sampler.batches_per_epoch + first < feed.consumer.next_task:
             raise ConfigError(
                 f"state: epoch {epoch}, batch {first} is behind this "
@@ -494,15 +526,20 @@ class Prefetcher:
             "load_state_dict() was called after this loop began; call iter() "
             "again (a new for loop) to resume from the state",
         )
-        self._resume_at(epoch, first, skip)
+        if resume.reshard is not None and resume.reshard != sampler.reshard:
+            # The workers shard that epoch otherwise: they start afresh.
+            sampler.reshard = resume.reshard
+            self._restart_engine(resume)
+            return
+        self._resume_at(resume)
 
-    def _resume_at(self, epoch: int, first: int, skip: frozenset[int]) -> None:
+    def _resume_at(self, resume: Resume) -> None:
         feed = self._feed
-        feed.epoch = epoch - 1
+        feed.epoch = resume.epoch - 1
         feed.epoch_done = False  # the next loop skips the workers ahead
         feed.in_epoch = False
-        feed.resume_batch = first
-        feed.resume_skip = skip
+        feed.resume_batch = resume.first
+        feed.resume_skip = resume.skip
 
     def _map_sampler(self, what: str) -> EpochSampler:
         if self._sampler is None:

@@ -3,11 +3,61 @@ rank with DistributedSampler's semantics, batching and drop_last.
 
 Everything is a pure function of (seed, epoch, task), so every worker and
 every rank computes the same stream without talking to anyone.
+
+An epoch resumed on another number of ranks (a ``Reshard``) is the one
+exception: its samples not yet delivered are sharded afresh across the new
+ranks, and they fill the last batches of the epoch's numbering, so the rest
+of the machinery (task numbers, skipping the batches before a state) is that
+of any resumed epoch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+
+def shard_sizes(
+    n: int, batch_size: int, world_size: int, drop_last: bool
+) -> tuple[int, int]:
+    """(samples per rank, batches per rank) for n samples, with
+    DistributedSampler's padding by wrap-around (or, with drop_last, its cut
+    of the tail that does not divide), then batching."""
+    if drop_last and n % world_size:
+        per_rank = n // world_size
+    else:
+        per_rank = -(-n // world_size)
+    if drop_last:
+        return per_rank, per_rank // batch_size
+    return per_rank, -(-per_rank // batch_size)
+
+
+@dataclass(frozen=True)
+class Reshard:
+    """Epoch ``epoch`` went on with other numbers of ranks: ``steps`` holds,
+    for each world size it ran with, the batches every rank had delivered
+    when it stopped.
+
+    Ranks that each delivered k batches of bs samples have delivered a
+    prefix of k * bs * world_size of the sequence they shared (rank r takes
+    positions r, r + world_size, ...), so what is left is a suffix of it,
+    and that suffix is what the next world size shards.
+    """
+
+    epoch: int
+    steps: tuple[tuple[int, int], ...]
+
+    def remaining(self, n: int, batch_size: int) -> int:
+        """How many samples of the epoch are left to the current ranks."""
+        for world_size, batches in self.steps:
+            n = max(0, n - batches * batch_size * world_size)
+        return n
+
+    def left_of(self, order: np.ndarray, batch_size: int) -> np.ndarray:
+        for world_size, batches in self.steps:
+            order = order[batches * batch_size * world_size :]
+        return order
 
 
 class EpochSampler:
@@ -23,6 +73,7 @@ class EpochSampler:
         drop_last: bool,
         rank: int,
         world_size: int,
+        reshard: Reshard | None = None,
     ) -> None:
         self.n = n
         self.batch_size = batch_size
@@ -31,23 +82,30 @@ class EpochSampler:
         self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
-        # DistributedSampler: pad by wrap-around to a multiple of world_size,
-        # or, with drop_last, cut the tail that does not divide.
-        if drop_last and n % world_size:
-            self.per_rank = n // world_size
-        else:
-            self.per_rank = -(-n // world_size)
-        if drop_last:
-            self.batches_per_epoch = self.per_rank // batch_size
-        else:
-            self.batches_per_epoch = -(-self.per_rank // batch_size)
+        self.per_rank, self.batches_per_epoch = shard_sizes(
+            n, batch_size, world_size, drop_last
+        )
+        self.reshard = reshard
         self._epoch = -1
         self._indices = np.empty(0, dtype=np.int64)
+        self._first = 0  # first_batch(self._epoch)
+
+    def first_batch(self, epoch: int) -> int:
+        """The epoch's first batch number: 0, but for a resharded epoch,
+        whose remaining samples fill its last batches."""
+        reshard = self.reshard
+        if reshard is None or reshard.epoch != epoch:
+            return 0
+        left = reshard.remaining(self.n, self.batch_size)
+        _, batches = shard_sizes(left, self.batch_size, self.world_size, self.drop_last)
+        return self.batches_per_epoch - batches
 
     def epoch_indices(self, epoch: int) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
-        """This rank's sample indices for `epoch`, in order."""
+        """This rank's sample indices for `epoch`, in order, from its first
+        batch's first sample."""
         if epoch != self._epoch:
             self._indices = self._compute(epoch)
+            self._first = self.first_batch(epoch)
             self._epoch = epoch
         return self._indices
 
@@ -57,8 +115,15 @@ class EpochSampler:
             order = rng.permutation(self.n).astype(np.int64, copy=False)
         else:
             order = np.arange(self.n, dtype=np.int64)
-        total = self.per_rank * self.world_size
-        if total > self.n:
+        if self.reshard is not None and self.reshard.epoch == epoch:
+            order = self.reshard.left_of(order, self.batch_size)
+        if len(order) == 0:
+            return order
+        per_rank, _ = shard_sizes(
+            len(order), self.batch_size, self.world_size, self.drop_last
+        )
+        total = per_rank * self.world_size
+        if total > len(order):
             order = np.resize(order, total)  # wrap-around padding
         else:
             order = order[:total]
@@ -70,5 +135,7 @@ class EpochSampler:
 
     def batch_indices(self, task: int) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
         epoch, b = self.locate(task)
-        start = b * self.batch_size
-        return self.epoch_indices(epoch)[start : start + self.batch_size]
+        indices = self.epoch_indices(epoch)
+        start = (b - self._first) * self.batch_size
+        assert start >= 0, "a resharded epoch's batch before its first"
+        return indices[start : start + self.batch_size]

@@ -10,9 +10,10 @@ a set in unordered mode). The number of workers does not matter.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from ._sampler import EpochSampler
+from ._sampler import EpochSampler, Reshard, shard_sizes
 from .errors import ConfigError
 
 FORMAT = "fastq.Prefetcher/1"
@@ -24,9 +25,20 @@ _MUST_MATCH = {
     "batch_size": "pass the batch_size the state was saved with",
     "shuffle": "pass the shuffle the state was saved with",
     "drop_last": "pass the drop_last the state was saved with",
-    "world_size": "resume with the world size the state was saved with",
-    "rank": "load each rank's own state",
 }
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a loaded state resumes: batch ``first`` of ``epoch`` (its
+    number in the epoch), dropping the batches in ``skip`` (unordered mode:
+    delivered before), with the epoch resharded if the state was saved on
+    another number of ranks."""
+
+    epoch: int
+    first: int
+    skip: frozenset[int]
+    reshard: Reshard | None
 
 
 def make_state(
@@ -38,6 +50,7 @@ def make_state(
 ) -> dict[str, Any]:
     """The state of a stream at batch ``done`` of ``epoch`` (ordered), or
     with the batches ``delivered`` of it handed out (unordered)."""
+    reshard = sampler.reshard
     return {
         "format": FORMAT,
         "seed": sampler.seed,
@@ -50,12 +63,18 @@ def make_state(
         "drop_last": sampler.drop_last,
         "world_size": sampler.world_size,
         "rank": sampler.rank,
+        "reshard": (
+            [list(step) for step in reshard.steps]
+            if reshard is not None and reshard.epoch == epoch
+            else None
+        ),
     }
 
 
-def check_state(state: Any, sampler: EpochSampler) -> tuple[int, int, frozenset[int]]:
-    """(epoch, first batch, batches to drop) from a saved state, after
-    checking it was saved by a Prefetcher over the same stream."""
+def check_state(state: Any, sampler: EpochSampler) -> Resume:
+    """Where a saved state resumes in ``sampler``'s stream, after checking
+    it was saved by a Prefetcher over the same stream. A state saved on
+    another world size reshards the rest of its epoch across this one's."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         got = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ConfigError(
@@ -76,16 +95,26 @@ def check_state(state: Any, sampler: EpochSampler) -> tuple[int, int, frozenset[
                 f"state[{key!r}]={state.get(key)!r}, but this Prefetcher has "
                 f"{key}={mine[key]!r}: {fix}"
             )
+    saved = EpochSampler(
+        sampler.n,
+        sampler.batch_size,
+        shuffle=sampler.shuffle,
+        seed=sampler.seed,
+        drop_last=sampler.drop_last,
+        rank=_rank(state),
+        world_size=_world_size(state),
+    )
     epoch, done = state.get("epoch"), state.get("batches_done")
-    delivered = state.get("delivered")
-    per_epoch = sampler.batches_per_epoch
     if not isinstance(epoch, int) or epoch < 0:
         raise ConfigError(f"state['epoch']={epoch!r}: expected an int >= 0")
-    if not isinstance(done, int) or not 0 <= done <= per_epoch:
+    saved.reshard = _reshard(state, epoch)
+    first, per_epoch = saved.first_batch(epoch), saved.batches_per_epoch
+    if not isinstance(done, int) or not first <= done <= per_epoch:
         raise ConfigError(
-            f"state['batches_done']={done!r}: expected an int from 0 to "
+            f"state['batches_done']={done!r}: expected an int from {first} to "
             f"{per_epoch} (the batches of an epoch)"
         )
+    delivered = state.get("delivered")
     skip: frozenset[int] = frozenset()
     if delivered is not None:
         if not isinstance(delivered, list) or not all(
@@ -97,8 +126,82 @@ def check_state(state: Any, sampler: EpochSampler) -> tuple[int, int, frozenset[
             )
         skip = frozenset(delivered)
     if done == per_epoch:  # saved at an epoch's end: the next one, whole
-        return epoch + 1, 0, frozenset()
-    return epoch, done, skip
+        return Resume(epoch + 1, 0, frozenset(), None)
+    if saved.world_size == sampler.world_size:
+        if saved.rank != sampler.rank:
+            raise ConfigError(
+                f"state['rank']={saved.rank}, but this Prefetcher has "
+                f"rank={sampler.rank}: load each rank's own state"
+            )
+        return Resume(epoch, done, skip, saved.reshard)
+    return _resharded(saved, epoch, done, skip, sampler)
 
 
-__all__ = ["FORMAT", "check_state", "make_state"]
+def _resharded(
+    saved: EpochSampler,
+    epoch: int,
+    done: int,
+    skip: frozenset[int],
+    sampler: EpochSampler,
+) -> Resume:
+    """The rest of ``epoch``, saved at batch ``done`` on ``saved``'s ranks,
+    sharded across ``sampler``'s."""
+    if skip:
+        raise ConfigError(
+            f"state['delivered']={sorted(skip)}: batches delivered out of order "
+            f"differ from rank to rank, so the rest of the epoch cannot be "
+            f"resharded from world_size={saved.world_size} to "
+            f"world_size={sampler.world_size}; resume with "
+            f"world_size={saved.world_size} until the epoch ends, or save "
+            "states in ordered mode"
+        )
+    steps = () if saved.reshard is None else saved.reshard.steps
+    batches = done - saved.first_batch(epoch)
+    if batches:
+        steps += ((saved.world_size, batches),)
+    if not steps:
+        return Resume(epoch, 0, frozenset(), None)
+    reshard = Reshard(epoch, steps)
+    left = reshard.remaining(sampler.n, sampler.batch_size)
+    _, mine = shard_sizes(
+        left, sampler.batch_size, sampler.world_size, sampler.drop_last
+    )
+    if mine == 0:  # nothing left for a batch: the next epoch, whole
+        return Resume(epoch + 1, 0, frozenset(), None)
+    return Resume(epoch, sampler.batches_per_epoch - mine, frozenset(), reshard)
+
+
+def _world_size(state: dict[str, Any]) -> int:
+    world_size = state.get("world_size")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"state['world_size']={world_size!r}: expected an int >= 1")
+    return world_size
+
+
+def _rank(state: dict[str, Any]) -> int:
+    rank, world_size = state.get("rank"), _world_size(state)
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ConfigError(
+            f"state['rank']={rank!r}: expected an int from 0 to {world_size - 1}"
+        )
+    return rank
+
+
+def _reshard(state: dict[str, Any], epoch: int) -> Reshard | None:
+    steps = state.get("reshard")
+    if steps is None:
+        return None
+    if not isinstance(steps, list) or not all(
+        isinstance(s, list)
+        and len(s) == 2
+        and all(isinstance(x, int) and x > 0 for x in s)
+        for s in steps
+    ):
+        raise ConfigError(
+            f"state['reshard']={steps!r}: expected None or a list of "
+            "[world_size, batches] pairs, as state_dict() writes it"
+        )
+    return Reshard(epoch, tuple((w, b) for w, b in steps))
+
+
+__all__ = ["FORMAT", "Resume", "check_state", "make_state"]

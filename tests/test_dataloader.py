@@ -392,6 +392,22 @@ def test_a_state_of_another_dataset_is_refused() -> None:
         DataLoader(Sharded(8), num_workers=1).state_dict()
 
 
+def test_a_state_of_another_world_size_names_both_and_the_reshard() -> None:
+    from torch.utils.data.distributed import DistributedSampler
+
+    def on(world_size: int) -> DataLoader:
+        data = Augmented(40)
+        sampler = DistributedSampler(data, num_replicas=world_size, rank=0)
+        return DataLoader(data, batch_size=2, sampler=sampler, num_workers=1)
+
+    state = on(2).state_dict()
+    assert state["world_size"] == 2
+    with pytest.raises(
+        fastq.ConfigError, match=r"world_size'\]=2.*world_size=4.*TorchPrefetcher"
+    ):
+        on(4).load_state_dict(state)
+
+
 def test_batch_sampler_with_variable_sizes_up_to_a_bound() -> None:
     sizes = [3, 5, 1, 5, 2]
     batches, start = [], 0

@@ -171,7 +171,9 @@ def test_unordered_resume_delivers_exactly_the_others() -> None:
     [
         ({"batch_size": 8}, "batch_size"),
         ({"samples": 65}, "samples"),
-        ({"world_size": 2, "rank": 0}, "world_size"),
+        ({"world_size": 0}, "world_size"),
+        ({"rank": 1}, "rank"),
+        ({"reshard": [[2]]}, "reshard"),
         ({"seed": 12}, "seed"),
         ({"batches_done": 99}, "batches_done"),
         ({"format": "other"}, "format"),

@@ -163,3 +163,18 @@ def test_accelerate_keeps_fastq(
     DistributedSampler(num_replicas=num_processes, rank=process_index) and
     set_epoch, or a TorchPrefetcher, which shards itself."""
     check_epochs(accelerate_runs[route], FASTQ)
+
+
+@pytest.mark.timeout(180)
+def test_the_resume_example_survives_a_kill_bit_for_bit(tmp_path: Path) -> None:
+    """examples/resume_after_kill.py: Lightning killed with SIGKILL mid-epoch
+    resumes from its checkpoint with the loader's state; the samples of every
+    step after it and the final weights equal a run that never stopped, and
+    the killed run leaves no worker and no shared memory behind."""
+    pytest.importorskip("lightning")
+    example = HERE.parent / "examples" / "resume_after_kill.py"
+    out = launch([sys.executable, str(example)], tmp_path, timeout=170)
+    assert "killed at step 11 (exit -9); checkpoints at steps [4, 8]" in out
+    assert "resumed at step 9" in out
+    assert "same samples, in the same order, at every step: True" in out
+    assert "final weights bit-identical to the run that never stopped: True" in out

@@ -285,6 +285,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             "rng_state": base64.b64encode(rng.numpy().tobytes()).decode(),
             "samples": len(self.dataset),  # type: ignore[arg-type]
             "batches": len(self),
+            "world_size": _world_size(self),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -303,12 +304,21 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         for key, mine, fix in (
             ("samples", len(self.dataset), "this state is of another dataset"),  # type: ignore[arg-type]
             (
+                "world_size",
+                _world_size(self),
+                "a DataLoader's sampler is yours, so it resumes on the world "
+                "size it was saved with; fastq.torch.TorchPrefetcher(rank=, "
+                "world_size=) shards itself, and its state reshards the rest "
+                "of the epoch across another world size",
+            ),
+            (
                 "batches",
                 len(self),
                 "pass the batch_size, drop_last and sampler the state was saved with",
             ),
         ):
-            if state.get(key) != mine:
+            # (A state from before world sizes were saved has none.)
+            if state.get(key, mine if key == "world_size" else None) != mine:
                 raise ConfigError(
                     f"state[{key!r}]={state.get(key)!r}, but this loader has "
                     f"{key}={mine!r}: {fix}"
@@ -436,6 +446,13 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         if engine is not None:
             with contextlib.suppress(Exception):
                 engine.close()
+
+
+def _world_size(loader: DataLoader) -> int:
+    """The ranks a DistributedSampler (or any sampler with its
+    ``num_replicas``) shards the dataset across; 1 without one."""
+    replicas = getattr(loader.sampler, "num_replicas", 1)
+    return replicas if isinstance(replicas, int) else 1
 
 
 class _LoaderIterator:

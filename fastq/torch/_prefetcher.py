@@ -355,6 +355,18 @@ class TorchPrefetcher(Prefetcher):
 
     # ---------------------------------------------------------- lifecycle
 
+    def _stop_engine(self) -> None:
+        if self._cuda is not None:
+            self._cuda.close()  # copies from the old ring done, then unpinned
+
+    def _engine_started(self) -> None:
+        old = self._cuda
+        if old is not None:
+            self._cuda = _Cuda(old.device, copy_stream=old.stream is not None)
+            if self.pin_memory:
+                assert self._region is not None
+                self._cuda.register(self._region.mapping)
+
     def close(self) -> None:
         """As :meth:`fastq.Prefetcher.close`; with pin_memory or a device,
         first waits for the copies queued from the ring, then unpins it."""
