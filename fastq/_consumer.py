@@ -129,6 +129,12 @@ class Feed:
         self.epoch_handed0 = 0
         self.delivered: set[int] | None = None
         self.pass_started = False  # callable: pass 0 not yet handed out
+        # Callable: the items of each worker's stream handed out in the
+        # current pass (with a resumed state's, delivered before it), and
+        # the state's counts for the next pass to start from.
+        self.in_pass = False
+        self.pass_items: list[int] = []
+        self.resume_items: list[int] | None = None
         # Stats, updated at each hand-out.
         self.n_batches = 0
         self.n_bytes = 0
@@ -175,6 +181,9 @@ class Feed:
             c.pass_ += 1
             self.ring.set_pass(c.pass_)
         self.pass_started = True
+        self.in_pass = True
+        self.pass_items = self.resume_items or [0] * self.pool.size
+        self.resume_items = None
         return _PassIterator(self, self.live, c.ends)
 
     def close_loops(self, why: str) -> None:
@@ -512,10 +521,13 @@ class _PassIterator:
                 del lease
                 c.pending = -1  # dropped; an end marker is counted there
                 continue
+            feed.pass_items[lease.worker] += 1
             batch = feed.hand_out(lease)
             c.pending = -1
             return batch
         if self._token != feed.live:
             feed.check_closed(self._token)
+        else:
+            feed.in_pass = False
         self._token = _FINISHED
         raise StopIteration

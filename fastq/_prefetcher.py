@@ -22,7 +22,13 @@ from ._ring import MAX_SLOTS, MAX_WORKERS, Ring, region_size
 from ._sampler import EpochSampler
 from ._shm import PAGE_SIZE, Region
 from ._spec import BatchSpec
-from ._state import Resume, check_state, make_state
+from ._state import (
+    Resume,
+    check_state,
+    check_stream_state,
+    make_state,
+    make_stream_state,
+)
 from ._worker import WorkerConfig
 from .errors import ConfigError, PrefetcherClosed
 
@@ -190,10 +196,12 @@ class Prefetcher:
     worker_threads : int or None
         BLAS/OpenMP/torch threads per worker (default 1); None leaves them.
     state : dict, optional
-        A ``state_dict()`` saved earlier (map-style sources): start where it
-        was saved, with its seed; the skipped batches are never made. A
-        state saved on another world size (any of its ranks') shards the
-        rest of its epoch across this one's ranks.
+        A ``state_dict()`` saved earlier: start where it was saved. Map-style
+        sources: with its seed, the skipped batches never made; a state
+        saved on another world size (any of its ranks') shards the rest of
+        its epoch across this one's ranks. Callables: each worker's stream
+        passes over the items it delivered (its iterator's ``skip(n)`` if
+        it has one), with the same number of workers.
 
     Raises
     ------
@@ -280,6 +288,8 @@ class Prefetcher:
 
         self._sampler: EpochSampler | None = None
         resume: Resume | None = None
+        # A callable source's state: each worker's items to pass over.
+        self._stream_resume: list[int] | None = None
         known: BatchSpec | None  # None: a worker infers it
         if self._is_map:
             known = self._map_spec(source, batch_size, spec)
@@ -299,7 +309,9 @@ class Prefetcher:
                 self._sampler.reshard = resume.reshard
         else:
             if state is not None:
-                raise ConfigError(_NO_STATE)
+                self._stream_resume = check_stream_state(
+                    state, workers=workers, rank=rank, world_size=world_size
+                )
             if batch_size is not None:
                 raise ConfigError(
                     f"batch_size={batch_size!r}: a callable source yields whole "
@@ -346,8 +358,10 @@ class Prefetcher:
                 consumer_pid=self._pid,
                 threads=worker_threads,
                 death_signal=_in_main_thread(),
+                resume_items=0 if items is None else items[w],
             )
 
+        items = self._stream_resume
         if known is None:
             # A callable source without spec=: worker 0 infers it from its
             # first batch; the ring is made once it is known.
@@ -384,14 +398,19 @@ class Prefetcher:
         )
         if resume is not None:
             self._resume_at(resume)
+        if items is not None:
+            self._feed.resume_items = list(items)
 
-    def _restart_engine(self, resume: Resume) -> None:
-        """New workers, ring and feed, for a state whose epoch the running
-        workers cannot make (it is resharded: they shard it otherwise).
+    def _restart_engine(self, resume: Resume | None) -> None:
+        """New workers, ring and feed, for a state the running workers
+        cannot resume (a resharded epoch: they shard it otherwise; a
+        callable's streams: each worker passes over what it delivered).
         Batches handed out before stay valid while referenced."""
         self._stop_engine()
         self._teardown()
         self._pool, self._region = None, None
+        ctx, _, worker_init, worker_threads = self._engine_args
+        self._engine_args = (ctx, self._spec, worker_init, worker_threads)
         try:
             self._start_engine(resume)
             self._engine_started()
@@ -482,9 +501,18 @@ class Prefetcher:
         the epoch and every later one are then bit-identical to a run that
         never stopped, with any number of workers. A state saved after an
         epoch's last batch resumes at the next epoch; one saved after a
-        ``break`` resumes with the rest of that epoch."""
-        sampler = self._map_sampler("state_dict")
+        ``break`` resumes with the rest of that epoch. A callable source's
+        state is, per worker, the items of its stream delivered in the
+        current pass."""
+        self._check_open()
         feed = self._feed
+        if self._sampler is None:
+            if feed.in_pass:
+                items = feed.pass_items
+            else:  # between passes, or a state loaded, not used
+                items = feed.resume_items or [0] * self.workers
+            return make_stream_state(items, rank=self.rank, world_size=self.world_size)
+        sampler = self._sampler
         if not feed.in_epoch:  # between epochs, or a state loaded, not used
             delivered = None if self.ordered else sorted(feed.resume_skip)
             return make_state(
@@ -511,9 +539,16 @@ class Prefetcher:
         restart). The stream only moves forward: to go back, create a new
         Prefetcher with ``state=``."""
         self._check_open()
-        sampler = self._map_sampler("load_state_dict")
-        resume = check_state(state, sampler)
         feed = self._feed
+        if self._sampler is None:
+            self._stream_resume = check_stream_state(
+                state, workers=self.workers, rank=self.rank, world_size=self.world_size
+            )
+            feed.end_loops(ConfigError, _LOADED_MID_LOOP)
+            self._restart_engine(None)  # each worker passes over its items
+            return
+        sampler = self._sampler
+        resume = check_state(state, sampler)
         epoch, first = resume.epoch, resume.first
         if epoch * sampler.batches_per_epoch + first < feed.consumer.next_task:
             raise ConfigError(
@@ -521,11 +556,7 @@ class Prefetcher:
                 f"Prefetcher (at epoch {feed.epoch}), and its task stream only "
                 "moves forward; create a new Prefetcher with state=..."
             )
-        feed.end_loops(
-            ConfigError,
-            "load_state_dict() was called after this loop began; call iter() "
-            "again (a new for loop) to resume from the state",
-        )
+        feed.end_loops(ConfigError, _LOADED_MID_LOOP)
         if resume.reshard is not None and resume.reshard != sampler.reshard:
             # The workers shard that epoch otherwise: they start afresh.
             sampler.reshard = resume.reshard
@@ -540,11 +571,6 @@ class Prefetcher:
         feed.in_epoch = False
         feed.resume_batch = resume.first
         feed.resume_skip = resume.skip
-
-    def _map_sampler(self, what: str) -> EpochSampler:
-        if self._sampler is None:
-            raise TypeError(f"{what}(): {_NO_STATE}")
-        return self._sampler
 
     @property
     def dataset(self) -> Any:
@@ -689,11 +715,9 @@ class Prefetcher:
         }
 
 
-_NO_STATE = (
-    "a callable source's position is its iterator's, which fastq cannot "
-    "save; resume it in the callable itself (for example from a counter "
-    "it keeps in a file, or an iterator that offers state_dict()), or use "
-    "a map-style dataset"
+_LOADED_MID_LOOP = (
+    "load_state_dict() was called after this loop began; call iter() again "
+    "(a new for loop) to resume from the state"
 )
 
 

@@ -204,4 +204,65 @@ def _reshard(state: dict[str, Any], epoch: int) -> Reshard | None:
     return Reshard(epoch, tuple((w, b) for w, b in steps))
 
 
-__all__ = ["FORMAT", "Resume", "check_state", "make_state"]
+# A callable source's state: which worker made a batch, and when, is
+# decided at run time, so its place is per worker: the items of each
+# worker's own stream delivered in the current pass.
+STREAM_FORMAT = "fastq.Prefetcher.stream/1"
+
+
+def make_stream_state(
+    items: list[int], *, rank: int, world_size: int
+) -> dict[str, Any]:
+    """The state of a callable source whose workers' streams have had
+    ``items[w]`` items delivered in the current pass."""
+    return {
+        "format": STREAM_FORMAT,
+        "items": list(items),
+        "workers": len(items),
+        "world_size": world_size,
+        "rank": rank,
+    }
+
+
+def check_stream_state(
+    state: Any, *, workers: int, rank: int, world_size: int
+) -> list[int]:
+    """Each worker's items to pass over, from a saved stream state."""
+    if not isinstance(state, dict) or state.get("format") != STREAM_FORMAT:
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ConfigError(
+            f"state: expected a dict from the state_dict() of a Prefetcher over "
+            f"a callable (format {STREAM_FORMAT!r}), got {got!r}; pass what "
+            "state_dict() returned"
+        )
+    mine = {"workers": workers, "world_size": world_size, "rank": rank}
+    for key, value in mine.items():
+        if state.get(key) != value:
+            raise ConfigError(
+                f"state[{key!r}]={state.get(key)!r}, but this Prefetcher has "
+                f"{key}={value!r}: each worker's stream (sharded with "
+                f"get_worker_info()) resumes where it stopped, so pass the "
+                f"{key} the state was saved with"
+            )
+    items = state.get("items")
+    if (
+        not isinstance(items, list)
+        or len(items) != workers
+        or not all(isinstance(n, int) and n >= 0 for n in items)
+    ):
+        raise ConfigError(
+            f"state['items']={items!r}: expected {workers} counts >= 0, one per "
+            "worker, as state_dict() writes them"
+        )
+    return items
+
+
+__all__ = [
+    "FORMAT",
+    "STREAM_FORMAT",
+    "Resume",
+    "check_state",
+    "check_stream_state",
+    "make_state",
+    "make_stream_state",
+]

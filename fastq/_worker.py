@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import itertools
 import os
 import signal
 import sys
@@ -76,6 +77,9 @@ class WorkerConfig:
     max_rows: int = 0
     # Packed slots (fastq._packing): the source is a PackedSource.
     packed: bool = False
+    # A callable source resumed from a state: the items of this worker's
+    # stream delivered before it, which its first pass passes over.
+    resume_items: int = 0
     # The source and worker_init as pickled for spawn and forkserver workers,
     # shared by the configs of a pool (fastq._shared_arrays.Handoff).
     handoff: Handoff | None = None
@@ -571,6 +575,7 @@ class _Producer:
         held = _NOTHING
         if first is not None:
             it, held = first
+        resumed = pass_, self.cfg.resume_items  # the state's pass, its items
         while True:
             slot, _task, wait_ns = self._take_slot()
             if slot < 0:
@@ -583,6 +588,12 @@ class _Producer:
             try:
                 if it is None:
                     it = iter(self.cfg.source())
+                if resumed[1] and pass_ == resumed[0]:
+                    skip = resumed[1]
+                    resumed = pass_, 0
+                    if held is not _NOTHING:
+                        held, skip = _NOTHING, skip - 1
+                    pass_over(it, skip)
                 if held is not _NOTHING:
                     batch, held = held, _NOTHING
                 else:
@@ -633,3 +644,15 @@ class _Producer:
         for view, arr in zip(self.views[slot], arrays):
             copy_rows(view, arr, rows)
         return rows, 0
+
+
+def pass_over(it: Iterator[Any], n: int) -> None:
+    """Moves a resumed stream past the n items delivered before its state:
+    with the iterator's own ``skip(n)`` where it has one (a reader that can
+    seek), else by making them again, unseen."""
+    skip = getattr(it, "skip", None)
+    if callable(skip):
+        skip(n)
+        return
+    for _ in itertools.islice(it, n):
+        pass

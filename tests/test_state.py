@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import CountingBatches, RandomDataset
+from helpers import RandomDataset
 
 import fastq
 
@@ -202,11 +202,3 @@ def test_the_stream_only_moves_forward() -> None:
         epoch(pf)
         with pytest.raises(fastq.ConfigError, match="only\\s+moves forward"):
             pf.load_state_dict(old)
-
-
-def test_a_callable_source_says_how_to_resume_it() -> None:
-    with fastq.Prefetcher(CountingBatches(2), workers=1) as pf:
-        with pytest.raises(TypeError, match="state_dict"):
-            pf.state_dict()
-    with pytest.raises(fastq.ConfigError, match="callable source's position"):
-        fastq.Prefetcher(CountingBatches(2), workers=1, state={"format": "x"})
