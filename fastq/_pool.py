@@ -25,6 +25,8 @@ from ._plan import PlanLayout
 from ._ring import NO_TASK, OWNER_READY, OWNER_WORKER, READY, Ring
 from ._shared_arrays import Handoff
 from ._shm import Region, SharedFd, anonymous_file
+from ._thread_workers import METHOD as THREAD_METHOD
+from ._thread_workers import ThreadWorker
 from ._worker import STARTUP_NOTE, WorkerConfig, worker_main
 from .errors import ConfigError, FetchTimeout, WorkerDied
 
@@ -283,11 +285,13 @@ class WorkerPool:
     def __init__(
         self, ctx: Any, configs: list[WorkerConfig], ring: Ring | None
     ) -> None:
-        _check_can_start_workers()
+        self._method = ctx.get_start_method()
+        threads = self._method == THREAD_METHOD
+        if not threads:
+            _check_can_start_workers()
         _close_pools_at_exit.install()
         self._ring = ring
         self._pid = os.getpid()
-        self._method = ctx.get_start_method()
         self.failure: WorkerDied | None = None
         self._closing = False
         self.processes: list[Any] = []
@@ -305,20 +309,23 @@ class WorkerPool:
         _live_pools.add(self)
         try:
             # Every worker gets the same source and worker_init: check once,
-            # and pickle them once (if the start method pickles at all).
-            _check_main_importable(ctx.get_start_method(), configs[0])
+            # and pickle them once (if the start method pickles at all;
+            # threads use them as they are).
             first = configs[0]
             assert all(
                 c.source is first.source and c.worker_init is first.worker_init
                 for c in configs
             )
-            self._handoff = handoff_for_workers((first.source, first.worker_init))
+            if not threads:
+                _check_main_importable(self._method, first)
+                self._handoff = handoff_for_workers((first.source, first.worker_init))
             for cfg in configs:
                 cfg.handoff = self._handoff
             for cfg in configs:
-                fd = anonymous_file("fastq-stack")
-                self._stack_fds.append(fd)
-                cfg.stack_file = SharedFd(fd)
+                if not threads:  # a thread's stack is read directly
+                    fd = anonymous_file("fastq-stack")
+                    self._stack_fds.append(fd)
+                    cfg.stack_file = SharedFd(fd)
                 child_end = None
                 if ring is None:
                     mine, child_end = ctx.Pipe(duplex=True)
@@ -467,6 +474,9 @@ class WorkerPool:
     def stack_of(self, wid: int) -> str:
         """The worker's Python stack, dumped by its faulthandler on SIGUSR1;
         empty if it cannot be had within a fraction of a second."""
+        worker = self.processes[wid]
+        if isinstance(worker, ThreadWorker):
+            return worker.stack()
         fd = self._stack_fds[wid]
         before = os.fstat(fd).st_size
         try:
@@ -501,6 +511,9 @@ class WorkerPool:
         p = self.processes[wid]
         p.join(0.1)
         how, hint = _exit_description(p.exitcode)
+        if isinstance(p, ThreadWorker):
+            how = f"(a thread) ended outside any batch: {p.error.strip()}"
+            hint = ""
         held, task, claiming = self._what_it_held(wid)
         message = f"worker {wid} (pid {p.pid}) {how}{held}{hint}"
         reason = self._startup_note(wid)
@@ -572,6 +585,9 @@ class WorkerPool:
         finally:
             for fd in [self._stop_r, self._stop_w, *self._stack_fds]:
                 os.close(fd)
+            for p in self.processes:
+                if isinstance(p, ThreadWorker):
+                    p.close()
             self._stack_fds = []
             if self._handoff is not None:
                 self._handoff.close()

@@ -29,6 +29,7 @@ from ._state import (
     make_state,
     make_stream_state,
 )
+from ._thread_workers import ThreadContext
 from ._worker import WorkerConfig
 from .errors import ConfigError, PrefetcherClosed
 
@@ -195,6 +196,14 @@ class Prefetcher:
         from torch.distributed when initialised, else RANK / WORLD_SIZE.
     worker_threads : int or None
         BLAS/OpenMP/torch threads per worker (default 1); None leaves them.
+    worker_method : {"process", "thread"}
+        Workers are processes (the default) or threads of this process:
+        no pickling and no process start, for producers that release the
+        GIL (decoding, numpy, I/O) or a free-threaded Python. Thread
+        workers share the source object, leave this process's signals,
+        thread pools (``worker_threads``) and global random state alone
+        (use ``get_worker_info().rng``), and cannot be killed: ``close()``
+        stops waiting for one stuck in user code, which ends on its own.
     state : dict, optional
         A ``state_dict()`` saved earlier: start where it was saved. Map-style
         sources: with its seed, the skipped batches never made; a state
@@ -236,6 +245,7 @@ class Prefetcher:
         world_size: int | None = None,
         worker_threads: int | None = 1,
         state: dict[str, Any] | None = None,
+        worker_method: str = "process",
     ) -> None:
         self._pid = os.getpid()
         self._closed = True  # until construction completes
@@ -284,7 +294,7 @@ class Prefetcher:
             seed = 0 if world_size > 1 else secrets.randbits(63)
         elif isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed={seed!r}: expected an int or None")
-        ctx = get_context(start_method)
+        ctx = _worker_context(worker_method, start_method)
 
         self._sampler: EpochSampler | None = None
         resume: Resume | None = None
@@ -733,6 +743,23 @@ def _refuse_torch_iterable(source: Any) -> None:
             "get_worker_info()), or give Prefetcher a zero-argument callable "
             "returning an iterator of whole batches"
         )
+
+
+def _worker_context(worker_method: Any, start_method: str | None) -> Any:
+    """How workers start: processes (by ``start_method``) or threads."""
+    if worker_method == "process":
+        return get_context(start_method)
+    if worker_method != "thread":
+        raise ConfigError(
+            f"worker_method={worker_method!r}: expected 'process' (the default) "
+            "or 'thread'"
+        )
+    if start_method is not None:
+        raise ConfigError(
+            f"start_method={start_method!r} with worker_method='thread': thread "
+            "workers start no process; drop start_method"
+        )
+    return ThreadContext()
 
 
 def _in_main_thread() -> bool:

@@ -80,6 +80,10 @@ class WorkerConfig:
     # A callable source resumed from a state: the items of this worker's
     # stream delivered before it, which its first pass passes over.
     resume_items: int = 0
+    # A thread of the consumer's process (fastq/_thread_workers.py): the
+    # process, its signals, thread pools and global random state are the
+    # training loop's, and stay as they are.
+    in_thread: bool = False
     # The source and worker_init as pickled for spawn and forkserver workers,
     # shared by the configs of a pool (fastq._shared_arrays.Handoff).
     handoff: Handoff | None = None
@@ -136,11 +140,13 @@ def _leave_startup_note(
 
 
 def worker_main(cfg: WorkerConfig) -> None:
-    """Runs in the worker process; returns when the ring closes."""
-    _isolate_from_terminal(cfg.stack_file)
-    _die_with_consumer(cfg.consumer_pid, cfg.death_signal)
-    if cfg.threads is not None:
-        limit_threads(cfg.threads)
+    """Runs in the worker process (or thread); returns when the ring
+    closes."""
+    if not cfg.in_thread:
+        _isolate_from_terminal(cfg.stack_file)
+        _die_with_consumer(cfg.consumer_pid, cfg.death_signal)
+        if cfg.threads is not None:
+            limit_threads(cfg.threads)
     info = WorkerInfo(
         cfg.worker_id,
         cfg.num_workers,
@@ -149,8 +155,9 @@ def worker_main(cfg: WorkerConfig) -> None:
         cfg.world_size,
         cfg.source,
     )
-    _set_worker_info(info)
-    _seed_globals(cfg.seed, cfg.worker_id)
+    _set_worker_info(info, cfg.in_thread)
+    if not cfg.in_thread:
+        _seed_globals(cfg.seed, cfg.worker_id)
     if cfg.packed:
         cfg.source.start_worker(info)
     init_error: Exception | None = None
@@ -270,7 +277,8 @@ def _try_first_batch(
 def _seed_batch(cfg: WorkerConfig, plan: Plan) -> None:
     """Every generator from (seed, epoch, batch): the batch's randomness does
     not depend on which worker makes it, or how many there are."""
-    seed_python_and_numpy(cfg.seed, plan.epoch, plan.batch)
+    if not cfg.in_thread:
+        seed_python_and_numpy(cfg.seed, plan.epoch, plan.batch)
     if cfg.packed:
         cfg.source.reseed(mix_seed(cfg.seed, plan.epoch, plan.batch) & _TORCH_SEED_MASK)
 
@@ -466,6 +474,7 @@ class _Producer:
         dataset = self.cfg.source
         fill = getattr(dataset, "fill_batch", None)
         getitems = getattr(dataset, "__getitems__", None)
+        in_thread = self.cfg.in_thread
         while True:
             slot, task, wait_ns = self._take_slot()
             if slot < 0:
@@ -476,7 +485,8 @@ class _Producer:
                 epoch, _ = sampler.locate(task)
                 indices = sampler.batch_indices(task)
                 self.info._start_task(epoch, task)
-                seed_python_and_numpy(self.cfg.seed, epoch, task)
+                if not in_thread:  # threads share the training loop's
+                    seed_python_and_numpy(self.cfg.seed, epoch, task)
                 views = self.views[slot]
                 if fill is not None:
                     n = len(indices)

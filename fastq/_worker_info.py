@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,14 +63,19 @@ class WorkerInfo:
         self._rng = None
 
 
-_current: WorkerInfo | None = None
+_current: WorkerInfo | None = None  # a worker process's
+_thread = threading.local()  # a worker thread's, in the consumer's process
 
 
 def get_worker_info() -> WorkerInfo | None:
-    """This worker's WorkerInfo, or None outside a fastq worker."""
-    return _current
+    """This worker's WorkerInfo, or None outside a fastq worker (process or
+    thread)."""
+    return getattr(_thread, "info", _current)
 
 
-def _set_worker_info(info: WorkerInfo | None) -> None:
+def _set_worker_info(info: WorkerInfo | None, in_thread: bool = False) -> None:
     global _current
-    _current = info
+    if in_thread:
+        _thread.info = info
+    else:
+        _current = info

@@ -88,3 +88,12 @@ def clean_world() -> Iterator[None]:
 @pytest.fixture(params=START_METHODS)
 def start_method(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture(params=[*START_METHODS, "thread"])
+def started_by(request: pytest.FixtureRequest) -> dict[str, str]:
+    """How workers start, as Prefetcher arguments: processes by each start
+    method, or threads."""
+    if request.param == "thread":
+        return {"worker_method": "thread"}
+    return {"start_method": str(request.param)}

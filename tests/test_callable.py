@@ -24,14 +24,16 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.mark.parametrize("ordered", [True, False])
-def test_every_worker_batch_arrives_once(start_method: str, ordered: bool) -> None:
+def test_every_worker_batch_arrives_once(
+    started_by: dict[str, str], ordered: bool
+) -> None:
     workers, per_worker = 3, 40
     with fastq.Prefetcher(
         CountingBatches(per_worker),
         workers=workers,
         slots=2,
         ordered=ordered,
-        start_method=start_method,
+        **started_by,
     ) as pf:
         seen = collections.defaultdict(list)
         for ids, nums in pf:

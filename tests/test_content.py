@@ -30,7 +30,7 @@ def assert_batch(batch: tuple[np.ndarray, ...], indices: np.ndarray) -> None:
 
 @pytest.mark.parametrize("workers,slots", [(1, 1), (2, 3), (4, 8)])
 def test_thousands_of_batches_bit_exact(
-    start_method: str, workers: int, slots: int
+    started_by: dict[str, str], workers: int, slots: int
 ) -> None:
     n, bs = 2000, 3  # 667 batches per epoch, hundreds of ring wrap-arounds
     with fastq.Prefetcher(
@@ -38,7 +38,7 @@ def test_thousands_of_batches_bit_exact(
         batch_size=bs,
         workers=workers,
         slots=slots,
-        start_method=start_method,
+        **started_by,
     ) as pf:
         for _epoch in range(2):
             k = 0
@@ -59,9 +59,9 @@ def test_partial_last_batch_has_fewer_rows() -> None:
 @pytest.mark.parametrize(
     "dataset", [BatchedDataset(50), FillDataset(50)], ids=["__getitems__", "fill_batch"]
 )
-def test_whole_batch_paths(dataset: PatternDataset, start_method: str) -> None:
+def test_whole_batch_paths(dataset: PatternDataset, started_by: dict[str, str]) -> None:
     with fastq.Prefetcher(
-        dataset, batch_size=8, workers=2, slots=3, start_method=start_method
+        dataset, batch_size=8, workers=2, slots=3, **started_by
     ) as pf:
         for k, batch in enumerate(pf):
             assert_batch(batch, np.arange(k * 8, min(50, (k + 1) * 8)))

@@ -119,6 +119,14 @@ TRANSPORTS = {
             about="map-style source: each sample written into its row",
         ),
         Transport(
+            "fastq-threads",
+            "fastq, per-sample, thread workers",
+            "fastq",
+            "via_fastq:samples_in_threads",
+            about="as per-sample, with worker_method='thread': no process, "
+            "no pickling; pays where producers release the GIL",
+        ),
+        Transport(
             "fastq-fill",
             "fastq, zero-copy fill",
             "fastq",

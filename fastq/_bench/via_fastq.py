@@ -17,13 +17,15 @@ def _endless(pf: Any) -> Iterator[Any]:
         yield from pf
 
 
-def _open(case: Case, source: Any, batch_size: int | None) -> Any:
+def _open(case: Case, source: Any, batch_size: int | None, **kw: Any) -> Any:
+    if kw.get("worker_method") != "thread":
+        kw["start_method"] = case.start_method
     return fastq.Prefetcher(
         source,
         batch_size=batch_size,
         workers=case.workers,
         slots=case.slots,
-        start_method=case.start_method,
+        **kw,
     )
 
 
@@ -40,6 +42,13 @@ def batches(case: Case) -> Iterator[Feed]:
 def samples(case: Case) -> Iterator[Feed]:
     src = SampleDataset(case.producer())
     with _open(case, src, case.shape.rows) as pf:
+        yield Feed(_endless(pf), pf.stats)
+
+
+@contextmanager
+def samples_in_threads(case: Case) -> Iterator[Feed]:
+    src = SampleDataset(case.producer())
+    with _open(case, src, case.shape.rows, worker_method="thread") as pf:
         yield Feed(_endless(pf), pf.stats)
 
 
