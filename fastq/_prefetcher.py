@@ -644,12 +644,15 @@ class Prefetcher:
         self._teardown()
 
     def _teardown(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-        elif getattr(self, "_ring", None) is not None:
-            self._ring.close()
-        if self._region is not None:
-            self._region.close()
+        try:
+            if self._pool is not None:
+                self._pool.close()
+            elif getattr(self, "_ring", None) is not None:
+                self._ring.close()
+        finally:
+            # Also after a Ctrl+C that cut the workers' grace short.
+            if self._region is not None:
+                self._region.close()
 
     def __enter__(self: _P) -> _P:
         return self

@@ -85,10 +85,20 @@ class EpochSampler:
         self.per_rank, self.batches_per_epoch = shard_sizes(
             n, batch_size, world_size, drop_last
         )
+        # (epoch, its indices, its first batch), one attribute so that
+        # threads sharing this sampler never see parts of two epochs.
+        self._cached: tuple[int, np.ndarray, int] | None = None
         self.reshard = reshard
-        self._epoch = -1
-        self._indices = np.empty(0, dtype=np.int64)
-        self._first = 0  # first_batch(self._epoch)
+
+    @property
+    def reshard(self) -> Reshard | None:
+        return self._reshard
+
+    @reshard.setter
+    def reshard(self, reshard: Reshard | None) -> None:
+        # A resumed epoch's order changes with it: the cached one is stale.
+        self._reshard = reshard
+        self._cached = None
 
     def first_batch(self, epoch: int) -> int:
         """The epoch's first batch number: 0, but for a resharded epoch,
@@ -103,11 +113,15 @@ class EpochSampler:
     def epoch_indices(self, epoch: int) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
         """This rank's sample indices for `epoch`, in order, from its first
         batch's first sample."""
-        if epoch != self._epoch:
-            self._indices = self._compute(epoch)
-            self._first = self.first_batch(epoch)
-            self._epoch = epoch
-        return self._indices
+        return self._epoch_order(epoch)[0]
+
+    def _epoch_order(self, epoch: int) -> tuple[np.ndarray, int]:
+        """(epoch_indices(epoch), first_batch(epoch)), cached per epoch."""
+        cached = self._cached
+        if cached is None or cached[0] != epoch:
+            cached = (epoch, self._compute(epoch), self.first_batch(epoch))
+            self._cached = cached
+        return cached[1], cached[2]
 
     def _compute(self, epoch: int) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
         if self.shuffle:
@@ -135,7 +149,7 @@ class EpochSampler:
 
     def batch_indices(self, task: int) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
         epoch, b = self.locate(task)
-        indices = self.epoch_indices(epoch)
-        start = (b - self._first) * self.batch_size
+        indices, first = self._epoch_order(epoch)
+        start = (b - first) * self.batch_size
         assert start >= 0, "a resharded epoch's batch before its first"
         return indices[start : start + self.batch_size]

@@ -61,42 +61,56 @@ def main(start_method: str, interrupts: int, seed: int) -> None:
         copy=False,
     ) as pf:
         sender = threading.Thread(target=storm, daemon=True)
-        sender.start()
         it = None
         seen: list[tuple[np.ndarray, ...]] = []
-        while not done.is_set():
+
+        def play() -> None:
+            """One random move: go on with the same iterator, or start a
+            fresh loop; an interrupt may cut it anywhere."""
+            nonlocal it, seen, resumed_epochs, fresh_loops
+            if rng.random() < 0.75:
+                # The same iterator, resumed after each interrupt: its epoch
+                # must still be whole and in order. list.extend appends in
+                # C, so the record itself cannot lose one.
+                if it is None:
+                    seen = []
+                    it = iter(pf)
+                while True:
+                    before = len(seen)
+                    seen.extend(islice(it, 1))
+                    if len(seen) == before:
+                        check_epoch(seen)
+                        resumed_epochs += 1
+                        it = None
+                        return
+                    if len(seen) > 1:
+                        # Hold at most two views: copies need no slot.
+                        seen = [tuple(np.copy(a) for a in b) for b in seen]
+            else:
+                # A fresh loop (the notebook's cell run again): the
+                # abandoned epoch is simply left.
+                it = None
+                fresh_loops += 1
+                for batch in pf:
+                    del batch
+
+        sender.start()
+        settled = False
+        while not settled:
+            # An interrupt lands anywhere: in play(), between the loop's own
+            # lines, in a handler; every one is caught by one of the trys.
             try:
-                go.set()
-                if rng.random() < 0.75:
-                    # The same iterator, resumed after each interrupt: its
-                    # epoch must still be whole and in order. list.extend
-                    # appends in C, so the record itself cannot lose one.
-                    if it is None:
-                        seen = []
-                        it = iter(pf)
-                    while True:
-                        before = len(seen)
-                        seen.extend(islice(it, 1))
-                        if len(seen) == before:
-                            check_epoch(seen)
-                            resumed_epochs += 1
-                            it = None
-                            break
-                        if len(seen) > 1:
-                            # Hold at most two views: copies need no slot.
-                            seen = [tuple(np.copy(a) for a in b) for b in seen]
-                else:
-                    # A fresh loop (the notebook's cell run again): the
-                    # abandoned epoch is simply left.
-                    it = None
-                    fresh_loops += 1
-                    for batch in pf:
-                        del batch
+                while not done.is_set():
+                    try:
+                        go.set()
+                        play()
+                    except KeyboardInterrupt:
+                        caught += 1
+                sender.join()
+                time.sleep(0.05)  # interrupts still pending land here
+                settled = True
             except KeyboardInterrupt:
                 caught += 1
-        sender.join()
-        # Interrupts still queued by the kernel have landed by now.
-        time.sleep(0.05)
         if it is not None:
             # The iterator interrupted last, resumed to its end.
             seen = [tuple(np.copy(a) for a in b) for b in seen]

@@ -145,12 +145,15 @@ def test_a_resharded_epoch_resumes_again_on_the_same_and_on_another_world() -> N
     assert sum(counts.values()) - SAMPLES == padding(left, 4)
 
 
-def test_load_state_dict_reshards_a_running_prefetcher() -> None:
+@pytest.mark.parametrize("worker_method", ["process", "thread"])
+def test_load_state_dict_reshards_a_running_prefetcher(worker_method: str) -> None:
+    """Thread workers share the consumer's sampler, which has the running
+    epoch's order at hand: the reshard must replace it, not add to it."""
     old = ranks(2)
     _, states = take(old, 4)
     close(old)
     expected = resumed(states[0], 3)
-    running = ranks(3)
+    running = ranks(3, worker_method=worker_method)
     for pf in running:
         next(iter(pf))  # workers running epoch 0 the usual way
         pf.load_state_dict(states[0])
