@@ -36,6 +36,7 @@ from ._ring import (
     Ring,
     SlotLease,
 )
+from ._state import StreamResume
 from .errors import (
     FetchTimeout,
     PrefetcherClosed,
@@ -90,6 +91,7 @@ class Feed:
         host: Any,
         fatal_errors: bool = True,
         indices_of: Any = None,
+        sample_stream: bool = False,
     ) -> None:
         self.ring = ring
         self.consumer = Consumer(ring)
@@ -102,6 +104,9 @@ class Feed:
         self.spin_s = spin_s
         self.host = host
         self.fatal_errors = fatal_errors
+        # A stream of samples, batch_size to a batch: its state counts
+        # samples, its errors name a sample of the worker's stream.
+        self.sample_stream = sample_stream
         self.indices_of = indices_of
         self.packed = isinstance(spec, PackedSpec)
         self.live = 0  # which `for` loop is current
@@ -135,6 +140,7 @@ class Feed:
         self.in_pass = False
         self.pass_items: list[int] = []
         self.resume_items: list[int] | None = None
+        self.first_pass = 0  # the number of the ring's pass 0 (a state's)
         # Stats, updated at each hand-out.
         self.n_batches = 0
         self.n_bytes = 0
@@ -185,6 +191,17 @@ class Feed:
         self.pass_items = self.resume_items or [0] * self.pool.size
         self.resume_items = None
         return _PassIterator(self, self.live, c.ends)
+
+    def stream_place(self) -> StreamResume:
+        """Where a stream is: the pass in progress and each worker's items
+        delivered in it; between passes (or with a state loaded, not yet
+        used), where the next pass starts."""
+        c = self.consumer
+        if self.in_pass:
+            return StreamResume(self.first_pass + c.pass_, list(self.pass_items))
+        following = c.pass_ + 1 if self.pass_started else c.pass_
+        items = self.resume_items or [0] * self.pool.size
+        return StreamResume(self.first_pass + following, list(items))
 
     def close_loops(self, why: str) -> None:
         """Ends every open loop. The current one raises PrefetcherClosed
@@ -344,6 +361,7 @@ class Feed:
             task=task,
             position=lease.sample,
             indices=indices,
+            sample_stream=self.sample_stream,
         )
 
     def worker_died(self, failure: WorkerDied) -> WorkerDied:
@@ -412,12 +430,16 @@ def batch_error(
     task: int,
     position: int,
     indices: Any,
+    sample_stream: bool = False,
 ) -> Exception:
     """The exception for a worker's report on batch ``task``, naming the
-    sample at ``position`` of its ``indices`` when both are known."""
+    sample at ``position`` of its ``indices`` when both are known, or of
+    the worker's own stream for a sample stream."""
     where = f"batch {task}"
     sample_index = None
-    if indices is not None and 0 <= position < len(indices):
+    if sample_stream and position != _report.UNKNOWN_SAMPLE:
+        where += f", sample {position} of worker {worker}'s stream in this pass"
+    elif indices is not None and 0 <= position < len(indices):
         sample_index = indices[position]
         if isinstance(sample_index, np.integer):
             sample_index = int(sample_index)
@@ -521,7 +543,9 @@ class _PassIterator:
                 del lease
                 c.pending = -1  # dropped; an end marker is counted there
                 continue
-            feed.pass_items[lease.worker] += 1
+            # A sample stream's state counts samples: it resumes with any
+            # batch size.
+            feed.pass_items[lease.worker] += lease.rows if feed.sample_stream else 1
             batch = feed.hand_out(lease)
             c.pending = -1
             return batch

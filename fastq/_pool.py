@@ -360,19 +360,26 @@ class WorkerPool:
     # ------------------------------------------------ spec from a worker
 
     def receive_spec(self, timeout: float | None) -> Any:
-        """Worker 0's spec, inferred from its first batch (which it keeps
-        and delivers once the ring exists). Raises what went wrong there:
-        the source's own exception as a WorkerError, an empty source, a
-        death, or a timeout."""
-        kind, payload = self.receive_first(0, timeout)
-        if kind == "spec":
-            return payload  # a BatchSpec, or a PackedSpec
-        if kind == "empty":
-            raise self.empty_error()
-        report = payload[0] if kind == "error" else payload
-        raise _report.decode(report).error(
-            worker=0, pid=self.processes[0].pid, where="its first batch"
-        )
+        """The spec inferred from a first item (which its worker keeps and
+        delivers once the ring exists): worker 0's, or, while a worker's
+        stream is empty (fewer shards than workers), the next worker's.
+        Raises what went wrong there: the source's own exception as a
+        WorkerError, a source empty in every worker, a death, or a
+        timeout."""
+        for worker in range(self.size):
+            if worker:
+                self.ask_first(worker, True)  # a fresh iterator of its own
+            kind, payload = self.receive_first(worker, timeout)
+            if kind == "spec":
+                return payload  # a BatchSpec, or a PackedSpec
+            if kind != "empty":
+                report = payload[0] if kind == "error" else payload
+                raise _report.decode(report).error(
+                    worker=worker,
+                    pid=self.processes[worker].pid,
+                    where="its first batch",
+                )
+        raise self.empty_error()
 
     def receive_first(self, worker: int, timeout: float | None) -> tuple[str, Any]:
         """What a worker answered about its first batch (fastq._worker's
@@ -408,8 +415,9 @@ class WorkerPool:
     @staticmethod
     def empty_error() -> ConfigError:
         empty = ConfigError(
-            "source() yielded no batch in worker 0, so its spec cannot be "
-            "inferred; pass spec={name: (batch_shape, dtype)}"
+            "the source yielded no item in any worker, so its spec cannot be "
+            "inferred; pass spec={name: (shape, dtype)} (a sample's shape in "
+            "a stream of samples, a batch's otherwise)"
         )
         empty.empty = True  # type: ignore[attr-defined]
         return empty

@@ -24,11 +24,13 @@ from ._shm import PAGE_SIZE, Region
 from ._spec import BatchSpec
 from ._state import (
     Resume,
+    StreamResume,
     check_state,
     check_stream_state,
     make_state,
     make_stream_state,
 )
+from ._streams import check_stream_source
 from ._thread_workers import ThreadContext
 from ._worker import WorkerConfig
 from .errors import ConfigError, PrefetcherClosed
@@ -162,13 +164,17 @@ class Prefetcher:
 
     Parameters
     ----------
-    source : map-style dataset or callable
+    source : map-style dataset, callable or iterable
         A dataset with ``__len__`` and ``__getitem__`` returning one sample
-        (array, scalar, or tuple/dict of them), or a zero-argument callable
-        returning an iterator of whole batches.
+        (array, scalar, or tuple/dict of them); or a stream: a zero-argument
+        callable returning an iterator (a generator function), or an
+        iterable object (a torch ``IterableDataset``), of which each worker
+        iterates its own, sharding itself with ``get_worker_info()``.
     batch_size : int, optional
-        Samples per batch; required for map-style sources, not accepted for
-        callables (their batches come whole).
+        Samples per batch; required for map-style sources. For a stream:
+        its items are samples, written straight into a batch's rows (each
+        worker's last batch may be short); without it, its items are whole
+        batches.
     workers : int, optional
         Worker processes; default: usable CPUs - 1, at least 1.
     slots : int, optional
@@ -182,7 +188,13 @@ class Prefetcher:
     shuffle, seed, drop_last : bool, int, bool
         Per-epoch permutation from ``seed`` (random if None; 0 when
         world_size > 1 so ranks agree); ``drop_last`` drops the tail that does
-        not divide evenly across ranks and the last partial batch.
+        not divide evenly across ranks and the last partial batch (of a
+        sample stream: each worker's short last batch).
+    shuffle_buffer : int, optional
+        A sample stream's shuffle (tf.data's ``shuffle(buffer_size)``): each
+        worker draws every sample at random from a buffer of this many of
+        its own, refilled from its stream; from ``seed``, the same for the
+        same seed and number of workers, another each pass.
     start_method : {"forkserver", "spawn", "fork"}, optional
         Default: "forkserver" where available, else "spawn".
     worker_init : callable, optional
@@ -210,7 +222,8 @@ class Prefetcher:
         saved on another world size (any of its ranks') shards the rest of
         its epoch across this one's ranks. Callables: each worker's stream
         passes over the items it delivered (its iterator's ``skip(n)`` if
-        it has one), with the same number of workers.
+        it has one), with the same number of workers; a sample stream's
+        state counts samples, and resumes with any batch size.
 
     Raises
     ------
@@ -246,21 +259,17 @@ class Prefetcher:
         worker_threads: int | None = 1,
         state: dict[str, Any] | None = None,
         worker_method: str = "process",
+        shuffle_buffer: int | None = None,
     ) -> None:
         self._pid = os.getpid()
         self._closed = True  # until construction completes
         self._pool: WorkerPool | None = None
         self._region: Region | None = None
 
-        _refuse_torch_iterable(source)
         self._source = source
-        self._is_map = hasattr(source, "__len__") and hasattr(source, "__getitem__")
-        if not self._is_map and not callable(source):
-            raise ConfigError(
-                f"source={type(source).__name__!r} object: expected a map-style "
-                "dataset (with __len__ and __getitem__) or a zero-argument "
-                "callable returning an iterator of batches"
-            )
+        self._is_map = _is_map_style(source)
+        if not self._is_map:
+            check_stream_source(source)
         workers = _positive_int(
             "workers",
             default_workers() if workers is None else workers,
@@ -299,9 +308,17 @@ class Prefetcher:
         self._sampler: EpochSampler | None = None
         resume: Resume | None = None
         # A callable source's state: each worker's items to pass over.
-        self._stream_resume: list[int] | None = None
+        self._stream_resume: StreamResume | None = None
+        # A sample stream: batch_size samples to a batch (0: whole batches).
+        stream_rows = 0
         known: BatchSpec | None  # None: a worker infers it
         if self._is_map:
+            if shuffle_buffer is not None:
+                raise ConfigError(
+                    f"shuffle_buffer={shuffle_buffer!r}: a map-style source is "
+                    "shuffled whole each epoch; use shuffle=True (shuffle_buffer "
+                    "is for streams of samples)"
+                )
             known = self._map_spec(source, batch_size, spec)
             self._sampler = EpochSampler(
                 len(source),
@@ -318,16 +335,22 @@ class Prefetcher:
                 resume = check_state(state, self._sampler)
                 self._sampler.reshard = resume.reshard
         else:
+            stream_rows, shuffle_buffer = _stream_batching(
+                batch_size, shuffle, drop_last, shuffle_buffer
+            )
             if state is not None:
                 self._stream_resume = check_stream_state(
-                    state, workers=workers, rank=rank, world_size=world_size
+                    state,
+                    workers=workers,
+                    rank=rank,
+                    world_size=world_size,
+                    sample_stream=bool(stream_rows),
+                    shuffle_buffer=shuffle_buffer,
+                    seed=seed,
                 )
-            if batch_size is not None:
-                raise ConfigError(
-                    f"batch_size={batch_size!r}: a callable source yields whole "
-                    "batches, so batch_size does not apply; leave it None"
-                )
-            known = self._callable_spec(spec)
+            known = None  # a worker infers it; the source never runs here
+            if spec is not None:
+                known = BatchSpec.from_user(spec, stream_rows or None)
 
         self.ordered = bool(ordered)
         self.copy = bool(copy)
@@ -337,6 +360,9 @@ class Prefetcher:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        self.drop_last = bool(drop_last)
+        self.shuffle_buffer = shuffle_buffer or 0
+        self._stream_rows = stream_rows
         self._engine_args = (ctx, known, worker_init, worker_threads)
         try:
             self._start_engine(resume)
@@ -368,10 +394,14 @@ class Prefetcher:
                 consumer_pid=self._pid,
                 threads=worker_threads,
                 death_signal=_in_main_thread(),
-                resume_items=0 if items is None else items[w],
+                stream_rows=self._stream_rows,
+                drop_last=self.drop_last,
+                shuffle_buffer=self.shuffle_buffer,
+                resume_items=0 if stream is None else stream.items[w],
+                first_pass=0 if stream is None else stream.pass_,
             )
 
-        items = self._stream_resume
+        stream = self._stream_resume
         if known is None:
             # A callable source without spec=: worker 0 infers it from its
             # first batch; the ring is made once it is known.
@@ -405,11 +435,13 @@ class Prefetcher:
             copy=self.copy,
             spin_s=_SPIN_NS / 1e9,
             host=weakref.proxy(self),
+            sample_stream=bool(self._stream_rows),
         )
         if resume is not None:
             self._resume_at(resume)
-        if items is not None:
-            self._feed.resume_items = list(items)
+        if stream is not None:
+            self._feed.first_pass = stream.pass_
+            self._feed.resume_items = list(stream.items)
 
     def _restart_engine(self, resume: Resume | None) -> None:
         """New workers, ring and feed, for a state the running workers
@@ -464,11 +496,6 @@ class Prefetcher:
             raise ConfigError(_EMPTY_SOURCE)
         return BatchSpec.from_sample(source[0], rows)
 
-    @staticmethod
-    def _callable_spec(spec: Any) -> BatchSpec | None:
-        # Without spec=, None: worker 0 infers it; source() never runs here.
-        return None if spec is None else BatchSpec.from_user(spec, None)
-
     # ------------------------------------------------------- iteration
 
     def __len__(self) -> int:
@@ -511,17 +538,20 @@ class Prefetcher:
         the epoch and every later one are then bit-identical to a run that
         never stopped, with any number of workers. A state saved after an
         epoch's last batch resumes at the next epoch; one saved after a
-        ``break`` resumes with the rest of that epoch. A callable source's
-        state is, per worker, the items of its stream delivered in the
-        current pass."""
+        ``break`` resumes with the rest of that epoch. A stream's state is,
+        per worker, the items (a sample stream's: samples) of its stream
+        delivered in the current pass."""
         self._check_open()
         feed = self._feed
         if self._sampler is None:
-            if feed.in_pass:
-                items = feed.pass_items
-            else:  # between passes, or a state loaded, not used
-                items = feed.resume_items or [0] * self.workers
-            return make_stream_state(items, rank=self.rank, world_size=self.world_size)
+            return make_stream_state(
+                feed.stream_place(),
+                rank=self.rank,
+                world_size=self.world_size,
+                sample_stream=bool(self._stream_rows),
+                shuffle_buffer=self.shuffle_buffer,
+                seed=self.seed,
+            )
         sampler = self._sampler
         if not feed.in_epoch:  # between epochs, or a state loaded, not used
             delivered = None if self.ordered else sorted(feed.resume_skip)
@@ -552,7 +582,13 @@ class Prefetcher:
         feed = self._feed
         if self._sampler is None:
             self._stream_resume = check_stream_state(
-                state, workers=self.workers, rank=self.rank, world_size=self.world_size
+                state,
+                workers=self.workers,
+                rank=self.rank,
+                world_size=self.world_size,
+                sample_stream=bool(self._stream_rows),
+                shuffle_buffer=self.shuffle_buffer,
+                seed=self.seed,
             )
             feed.end_loops(ConfigError, _LOADED_MID_LOOP)
             self._restart_engine(None)  # each worker passes over its items
@@ -734,18 +770,41 @@ _LOADED_MID_LOOP = (
 )
 
 
-def _refuse_torch_iterable(source: Any) -> None:
-    """A torch IterableDataset has __getitem__ (from Dataset) and may have
-    __len__, but it is not map-style: it must be iterated."""
+def _stream_batching(
+    batch_size: Any, shuffle: bool, drop_last: bool, shuffle_buffer: Any
+) -> tuple[int, int]:
+    """A stream's (samples per batch, 0 for whole batches; shuffle buffer
+    size, 0 for none), checked."""
+    if shuffle:
+        raise ConfigError(
+            "shuffle=True: a stream has no index to permute; pass "
+            "shuffle_buffer=N (with batch_size) to mix each worker's samples "
+            "through a buffer of N"
+        )
+    if batch_size is None:
+        if drop_last or shuffle_buffer is not None:
+            what = f"shuffle_buffer={shuffle_buffer!r}"
+            if drop_last:
+                what = "drop_last=True"
+            raise ConfigError(
+                f"{what}: without batch_size a stream's items are whole batches; "
+                "pass batch_size=B for a stream of samples, B to a batch"
+            )
+        return 0, 0
+    rows = _positive_int("batch_size", batch_size, "or None for whole batches")
+    if shuffle_buffer is None:
+        return rows, 0
+    return rows, _positive_int("shuffle_buffer", shuffle_buffer, "or None for none")
+
+
+def _is_map_style(source: Any) -> bool:
+    """Indexed (``__len__`` and ``__getitem__``) rather than iterated. A
+    torch IterableDataset has both (from Dataset, and often a length) but
+    is a stream."""
     data = sys.modules.get("torch.utils.data")
     if data is not None and isinstance(source, data.IterableDataset):
-        raise ConfigError(
-            f"source={type(source).__name__!r} is a torch IterableDataset, which "
-            "is iterated, not indexed; use fastq.torch.DataLoader(dataset, "
-            "batch_size=...) (each worker iterates it, sharding itself with "
-            "get_worker_info()), or give Prefetcher a zero-argument callable "
-            "returning an iterator of whole batches"
-        )
+        return False
+    return hasattr(source, "__len__") and hasattr(source, "__getitem__")
 
 
 def _worker_context(worker_method: Any, start_method: str | None) -> Any:

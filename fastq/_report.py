@@ -11,6 +11,10 @@ from typing import Any
 
 from .errors import FastqError, SpecError, WorkerError
 
+# The slot header's sample field when the failure was not at one sample (a
+# whole-batch call, or before any sample).
+UNKNOWN_SAMPLE = 0xFFFFFFFF
+
 
 @dataclass
 class Report:

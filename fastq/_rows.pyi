@@ -1,4 +1,5 @@
 # Type stubs for the producer's copies (src_c/_rows.pyx).
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import numpy as np
@@ -14,5 +15,12 @@ class RowWriter:
         keys: list[Any],
         views: list[np.ndarray[Any, Any]],
     ) -> None: ...
+    def write_stream(
+        self,
+        it: Iterator[Any],
+        first: int,
+        rows: int,
+        views: list[np.ndarray[Any, Any]],
+    ) -> int: ...
 
 def copy_rows(dst: np.ndarray[Any, Any], src: Any, rows: int) -> None: ...

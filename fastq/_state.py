@@ -1,6 +1,6 @@
-"""A map-style Prefetcher's place in its task stream, as a small
-JSON-serialisable dict, and the checks that a saved one fits the
-Prefetcher it is loaded into.
+"""A Prefetcher's place (in a map-style source's task stream, or in each
+worker's stream of a stream source), as a small JSON-serialisable dict, and
+the checks that a saved one fits the Prefetcher it is loaded into.
 
 The order of batches and every batch's randomness are functions of (seed,
 epoch, batch), never of the worker, so a place is enough to resume: the
@@ -204,38 +204,77 @@ def _reshard(state: dict[str, Any], epoch: int) -> Reshard | None:
     return Reshard(epoch, tuple((w, b) for w, b in steps))
 
 
-# A callable source's state: which worker made a batch, and when, is
-# decided at run time, so its place is per worker: the items of each
-# worker's own stream delivered in the current pass.
+# A stream's state: which worker made a batch, and when, is decided at run
+# time, so its place is per worker: the items (a sample stream's: samples)
+# of each worker's own stream delivered in the current pass. States saved
+# before sample streams lack "pass", "unit" and "shuffle_buffer": they were
+# pass 0 of a stream of whole batches with no shuffle buffer.
 STREAM_FORMAT = "fastq.Prefetcher.stream/1"
 
 
+@dataclass(frozen=True)
+class StreamResume:
+    """Where a stream resumes: in pass ``pass_`` (which seeds a shuffle
+    buffer), after ``items[w]`` items of worker w's stream."""
+
+    pass_: int
+    items: list[int]
+
+
+def _unit(sample_stream: bool) -> str:
+    return "samples" if sample_stream else "batches"
+
+
 def make_stream_state(
-    items: list[int], *, rank: int, world_size: int
+    place: StreamResume,
+    *,
+    rank: int,
+    world_size: int,
+    sample_stream: bool,
+    shuffle_buffer: int,
+    seed: int,
 ) -> dict[str, Any]:
-    """The state of a callable source whose workers' streams have had
-    ``items[w]`` items delivered in the current pass."""
+    """The state of a stream at ``place``."""
     return {
         "format": STREAM_FORMAT,
-        "items": list(items),
-        "workers": len(items),
+        "items": list(place.items),
+        "unit": _unit(sample_stream),
+        "pass": place.pass_,
+        "workers": len(place.items),
+        "shuffle_buffer": shuffle_buffer,
+        "seed": seed,
         "world_size": world_size,
         "rank": rank,
     }
 
 
 def check_stream_state(
-    state: Any, *, workers: int, rank: int, world_size: int
-) -> list[int]:
-    """Each worker's items to pass over, from a saved stream state."""
+    state: Any,
+    *,
+    workers: int,
+    rank: int,
+    world_size: int,
+    sample_stream: bool,
+    shuffle_buffer: int,
+    seed: int,
+) -> StreamResume:
+    """Where a saved stream state resumes, once it fits this Prefetcher."""
     if not isinstance(state, dict) or state.get("format") != STREAM_FORMAT:
         got = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ConfigError(
             f"state: expected a dict from the state_dict() of a Prefetcher over "
-            f"a callable (format {STREAM_FORMAT!r}), got {got!r}; pass what "
+            f"a stream (format {STREAM_FORMAT!r}), got {got!r}; pass what "
             "state_dict() returned"
         )
-    mine = {"workers": workers, "world_size": world_size, "rank": rank}
+    unit = _unit(sample_stream)
+    if state.get("unit", "batches") != unit:
+        raise ConfigError(
+            f"state['unit']={state.get('unit')!r}, but this Prefetcher's stream "
+            f"delivers {unit}: a state counts what its stream's items were, so "
+            "pass batch_size as it was when the state was saved (set, for a "
+            "stream of samples; None, for whole batches)"
+        )
+    mine: dict[str, Any] = {"workers": workers, "world_size": world_size, "rank": rank}
     for key, value in mine.items():
         if state.get(key) != value:
             raise ConfigError(
@@ -244,6 +283,15 @@ def check_stream_state(
                 f"get_worker_info()) resumes where it stopped, so pass the "
                 f"{key} the state was saved with"
             )
+    saved_buffer = state.get("shuffle_buffer", 0)
+    if saved_buffer != shuffle_buffer or (shuffle_buffer and state.get("seed") != seed):
+        raise ConfigError(
+            f"state['shuffle_buffer']={saved_buffer!r} with seed "
+            f"{state.get('seed')!r}, but this Prefetcher has shuffle_buffer="
+            f"{shuffle_buffer or None!r} and seed={seed!r}: the samples a worker "
+            "delivered are those its shuffle buffer drew, so pass the "
+            "shuffle_buffer (and seed, or seed=None) the state was saved with"
+        )
     items = state.get("items")
     if (
         not isinstance(items, list)
@@ -254,13 +302,19 @@ def check_stream_state(
             f"state['items']={items!r}: expected {workers} counts >= 0, one per "
             "worker, as state_dict() writes them"
         )
-    return items
+    pass_ = state.get("pass", 0)
+    if not isinstance(pass_, int) or isinstance(pass_, bool) or pass_ < 0:
+        raise ConfigError(
+            f"state['pass']={pass_!r}: expected an int >= 0, as state_dict() writes it"
+        )
+    return StreamResume(pass_, list(items))
 
 
 __all__ = [
     "FORMAT",
     "STREAM_FORMAT",
     "Resume",
+    "StreamResume",
     "check_state",
     "check_stream_state",
     "make_state",

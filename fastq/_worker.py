@@ -22,6 +22,7 @@ from . import _report
 from ._handoff import handoff_for_workers
 from ._packing import Arena, Codec, PackedSpec, measure, pack
 from ._plan import Plan, PlanLayout, PlanTable
+from ._report import UNKNOWN_SAMPLE
 from ._ring import SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
 from ._rows import RowWriter, copy_rows
 from ._sampler import EpochSampler
@@ -29,8 +30,9 @@ from ._seeding import mix_seed, seed_python_and_numpy
 from ._shared_arrays import Handoff, load_for_worker
 from ._shm import Region, SharedFd
 from ._spec import BatchSpec
+from ._streams import worker_stream
 from ._threads import limit_threads
-from ._worker_info import WorkerInfo, _set_worker_info
+from ._worker_info import WorkerInfo, _answer_for_torch, _set_worker_info
 from .errors import SpecError
 
 _PR_SET_PDEATHSIG = 1
@@ -41,8 +43,6 @@ _USER_FIELDS = ("source", "worker_init")
 _TORCH_SEED_MASK = (1 << 63) - 1
 # Starts what a worker that cannot start writes into its stack file.
 STARTUP_NOTE = b"fastq: cannot start\n"
-# Header value for "the failure was not at one sample" (a whole-batch call).
-_UNKNOWN_SAMPLE = 0xFFFFFFFF
 _NOTHING = object()
 # Bound of an error report sent before the ring (and its slots) exists.
 _REPORT_LIMIT = 1 << 20
@@ -77,9 +77,18 @@ class WorkerConfig:
     max_rows: int = 0
     # Packed slots (fastq._packing): the source is a PackedSource.
     packed: bool = False
-    # A callable source resumed from a state: the items of this worker's
-    # stream delivered before it, which its first pass passes over.
+    # A stream source (fastq._streams): with stream_rows, its items are
+    # samples, that many to a batch (0: whole batches); each worker's short
+    # last batch dropped with drop_last; mixed through a shuffle buffer of
+    # that many samples (0: none).
+    stream_rows: int = 0
+    drop_last: bool = False
+    shuffle_buffer: int = 0
+    # A stream source resumed from a state: the items of this worker's
+    # stream delivered before it, which its first pass passes over, and
+    # the pass number the ring's first pass stands for.
     resume_items: int = 0
+    first_pass: int = 0
     # A thread of the consumer's process (fastq/_thread_workers.py): the
     # process, its signals, thread pools and global random state are the
     # training loop's, and stay as they are.
@@ -158,6 +167,8 @@ def worker_main(cfg: WorkerConfig) -> None:
     _set_worker_info(info, cfg.in_thread)
     if not cfg.in_thread:
         _seed_globals(cfg.seed, cfg.worker_id)
+        if not cfg.packed:  # fastq.torch.DataLoader's workers do it their way
+            _answer_for_torch(info)
     if cfg.packed:
         cfg.source.start_worker(info)
     init_error: Exception | None = None
@@ -256,11 +267,13 @@ def _try_first_batch(
             scale = cfg.max_rows / max(1, len(plan.indices))
         else:
             if it is None:
-                it = iter(cfg.source())
-            batch = next(it)
+                it = _open_stream(cfg, 0)
+            batch = next(it)  # a sample, in a sample stream
             scale = 1.0
         if cfg.packed:
             spec: Any = PackedSpec.sized(*measure(batch, cfg.source.codec), scale)
+        elif cfg.stream_rows:
+            spec = BatchSpec.from_sample(batch, cfg.stream_rows)
         else:
             spec = BatchSpec.from_batch(batch)
     except StopIteration:
@@ -272,6 +285,25 @@ def _try_first_batch(
         return _NOTHING, it
     conn.send(("spec", spec))
     return batch, it
+
+
+def _open_stream(cfg: WorkerConfig, ring_pass: int) -> Iterator[Any]:
+    return worker_stream(
+        cfg.source,
+        shuffle_buffer=cfg.shuffle_buffer,
+        seed=cfg.seed,
+        pass_=cfg.first_pass + ring_pass,
+        rank=cfg.rank,
+        worker_id=cfg.worker_id,
+    )
+
+
+def _stream_position(drawn: int, row: int) -> int:
+    """The failing sample's place in its worker's stream, as the slot
+    header's 32-bit sample field holds it."""
+    if row < 0:
+        return UNKNOWN_SAMPLE
+    return min(drawn + row, UNKNOWN_SAMPLE - 1)
 
 
 def _seed_batch(cfg: WorkerConfig, plan: Plan) -> None:
@@ -441,7 +473,7 @@ class _Producer:
         self, slot: int, exc: BaseException, sample: int, pass_: int = 0
     ) -> None:
         """Publishes exc in place of the slot's batch; sample is the row
-        whose making failed, or _UNKNOWN_SAMPLE for a whole-batch call."""
+        whose making failed, or UNKNOWN_SAMPLE for a whole-batch call."""
         payload = _report.encode(exc, self.ring.slot_bytes)
         memoryview(self.ring.slot_view(slot))[: len(payload)] = payload
         self.ring.publish(slot, SLOT_ERROR, 0, pass_, self.wid, sample, len(payload))
@@ -510,7 +542,7 @@ class _Producer:
                     self.rows.write_samples(get, indices.tolist(), views)
             except Exception as exc:
                 row = self.rows.row
-                self._report(slot, exc, _UNKNOWN_SAMPLE if row < 0 else row)
+                self._report(slot, exc, UNKNOWN_SAMPLE if row < 0 else row)
                 continue
             # Counted before publishing, so stats never lag what was consumed.
             self.ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
@@ -567,7 +599,7 @@ class _Producer:
                 del batch
             except Exception as exc:
                 pos = source.position
-                self._report(slot, exc, _UNKNOWN_SAMPLE if pos < 0 else pos)
+                self._report(slot, exc, UNKNOWN_SAMPLE if pos < 0 else pos)
                 continue
             finally:
                 source.arena = None
@@ -578,14 +610,18 @@ class _Producer:
     # ------------------------------------------------------------- callable
 
     def run_callable(self, first: tuple[Iterator[Any] | None, Any] | None) -> None:
-        """`first`: the iterator and first batch that inferred the spec."""
+        """A stream source. `first`: the iterator and first item (a batch,
+        or a sample of a sample stream) that inferred the spec."""
         ring = self.ring
+        cfg = self.cfg
         pass_ = ring.pass_
         it: Iterator[Any] | None = None
         held = _NOTHING
         if first is not None:
             it, held = first
-        resumed = pass_, self.cfg.resume_items  # the state's pass, its items
+        resumed = pass_, cfg.resume_items  # the state's pass, its items
+        drawn = 0  # samples taken from this pass's stream before this batch
+        ended = False  # a sample stream that ended inside its last batch
         while True:
             slot, _task, wait_ns = self._take_slot()
             if slot < 0:
@@ -593,22 +629,35 @@ class _Producer:
             t0 = time.perf_counter_ns()
             current = ring.pass_
             if current != pass_ or it is None:
-                # A new pass (or the first): abandon the old iterator.
-                pass_, it = current, None
+                # A new pass (or the first): abandon the old iterator, and
+                # the item it made before the ring existed.
+                if current != pass_:
+                    held = _NOTHING
+                pass_, it, drawn, ended = current, None, 0, False
+            if cfg.stream_rows:
+                self.rows.row = -1  # until a sample's row is being made
             try:
                 if it is None:
-                    it = iter(self.cfg.source())
+                    it = _open_stream(cfg, pass_)
                 if resumed[1] and pass_ == resumed[0]:
-                    skip = resumed[1]
+                    skip = drawn = resumed[1]
                     resumed = pass_, 0
                     if held is not _NOTHING:
                         held, skip = _NOTHING, skip - 1
                     pass_over(it, skip)
-                if held is not _NOTHING:
-                    batch, held = held, _NOTHING
+                if cfg.stream_rows:
+                    rows = 0 if ended else self._write_samples(it, held, slot)
+                    held, record = _NOTHING, 0
+                    ended = rows < cfg.stream_rows
+                    if rows == 0 or (ended and cfg.drop_last):
+                        raise StopIteration  # nothing (more) to deliver
+                    drawn += rows
                 else:
-                    batch = next(it)
-                rows, record = self._write_batch(batch, slot)
+                    if held is not _NOTHING:
+                        batch, held = held, _NOTHING
+                    else:
+                        batch = next(it)
+                    rows, record = self._write_batch(batch, slot)
             except StopIteration:
                 if not ring.publish(slot, SLOT_END, 0, pass_, self.wid):
                     return
@@ -617,8 +666,11 @@ class _Producer:
                 it = None
                 continue
             except Exception as exc:
-                self._report(slot, exc, 0, pass_)
-                if self.cfg.packed:
+                at = 0
+                if cfg.stream_rows:
+                    at = _stream_position(drawn, self.rows.row)
+                self._report(slot, exc, at, pass_)
+                if cfg.packed:
                     # A DataLoader's meaning: the error ends this batch, and
                     # the worker's iterator goes on (or ends) after it.
                     continue
@@ -632,6 +684,17 @@ class _Producer:
             ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
             if not ring.publish(slot, SLOT_BATCH, rows, pass_, self.wid, 0, record):
                 return
+
+    def _write_samples(self, it: Iterator[Any], held: Any, slot: int) -> int:
+        """A sample stream's next batch, each sample straight into its row
+        of the slot (`held` first, the sample that inferred the spec): the
+        rows written, fewer than a batch once the stream ends."""
+        views = self.views[slot]
+        first = 0
+        if held is not _NOTHING:
+            self.rows.write_samples(lambda _: held, [0], views)
+            first = 1
+        return self.rows.write_stream(it, first, self.spec.rows, views)
 
     def _wait_for_next_pass(self, pass_: int) -> bool:
         """Sleeps until the consumer starts another pass; False if closed."""

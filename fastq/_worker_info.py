@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,3 +80,18 @@ def _set_worker_info(info: WorkerInfo | None, in_thread: bool = False) -> None:
         _thread.info = info
     else:
         _current = info
+
+
+def _answer_for_torch(info: WorkerInfo) -> None:
+    """A torch IterableDataset given to a Prefetcher shards itself with
+    ``torch.utils.data.get_worker_info()``, as under DataLoader: a worker
+    process answers it too. Thread workers share torch's one process-wide
+    answer, so they answer through ``fastq.get_worker_info()`` alone."""
+    data = sys.modules.get("torch.utils.data")
+    if data is None or not isinstance(info.dataset, data.IterableDataset):
+        return
+    from torch.utils.data._utils import worker
+
+    worker._worker_info = worker.WorkerInfo(
+        id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+    )

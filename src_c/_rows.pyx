@@ -1,13 +1,13 @@
 # cython: language_level=3, embedsignature=True, boundscheck=False, wraparound=False
 """The producer's copies into a slot, in C.
 
-A map-style source makes a batch one sample at a time, so the per-sample
-cost of the loader is paid hundreds of times per batch. Here each leaf that
-already matches the spec (a C-contiguous array of the field's shape and an
-equivalent dtype, or a scalar of the field's own native type) costs one
-memcpy; anything else goes through the spec's checked Python path, which
-converts it or raises the SpecError that names the field. Whole batches
-(callable sources) get the same treatment per field.
+A map-style source or a sample stream makes a batch one sample at a time,
+so the per-sample cost of the loader is paid hundreds of times per batch.
+Here each leaf that already matches the spec (a C-contiguous array of the
+field's shape and an equivalent dtype, or a scalar of the field's own
+native type) costs one memcpy; anything else goes through the spec's
+checked Python path, which converts it or raises the SpecError that names
+the field. Whole batches (a batch stream) get the same treatment per field.
 """
 
 cimport numpy as cnp
@@ -119,27 +119,50 @@ cdef class RowWriter:
 
     def write_samples(self, get, list keys, list views):
         """Row j of each field array in `views` = leaf of get(keys[j])."""
-        cdef Py_ssize_t j, i, nf = self.nfields
-        cdef list dtypes = self.dtypes
-        if len(views) != nf:
-            raise ValueError(f"{len(views)} field arrays for {nf} fields")
-        cdef cnp.ndarray view
-        for i in range(nf):
-            view = views[i]
-            if cnp.PyArray_NDIM(view) < 1 or cnp.PyArray_DIMS(view)[0] < len(keys):
-                raise ValueError(f"field array {i} has fewer than {len(keys)} rows")
+        cdef Py_ssize_t j
+        self._check_rows(views, len(keys))
         for j in range(len(keys)):
             self.row = j
-            sample = get(keys[j])
-            if self.single:
-                self._put(0, j, sample, views[0], dtypes[0])
-                continue
-            if self.flat and type(sample) is tuple and len(<tuple>sample) == nf:
-                leaves = sample
-            else:
-                leaves = self.spec.flatten(sample, "a sample")
-            for i in range(nf):
-                self._put(i, j, leaves[i], views[i], dtypes[i])
+            self._write_sample(j, get(keys[j]), views)
+
+    def write_stream(self, it, Py_ssize_t first, Py_ssize_t rows, list views):
+        """Rows first.. of each field array in `views` = leaves of next(it),
+        until `rows` rows are full or `it` ends: the rows now full. A
+        sample stream's batch, written with no intermediate batch."""
+        cdef Py_ssize_t j
+        self._check_rows(views, rows)
+        for j in range(first, rows):
+            self.row = j
+            try:
+                sample = next(it)
+            except StopIteration:
+                return j
+            self._write_sample(j, sample, views)
+        return rows
+
+    cdef int _check_rows(self, list views, Py_ssize_t rows) except -1:
+        cdef Py_ssize_t i
+        cdef cnp.ndarray view
+        if len(views) != self.nfields:
+            raise ValueError(f"{len(views)} field arrays for {self.nfields} fields")
+        for i in range(self.nfields):
+            view = views[i]
+            if cnp.PyArray_NDIM(view) < 1 or cnp.PyArray_DIMS(view)[0] < rows:
+                raise ValueError(f"field array {i} has fewer than {rows} rows")
+        return 0
+
+    cdef int _write_sample(self, Py_ssize_t j, object sample, list views) except -1:
+        cdef Py_ssize_t i, nf = self.nfields
+        cdef list dtypes = self.dtypes
+        if self.single:
+            return self._put(0, j, sample, views[0], dtypes[0])
+        if self.flat and type(sample) is tuple and len(<tuple>sample) == nf:
+            leaves = sample
+        else:
+            leaves = self.spec.flatten(sample, "a sample")
+        for i in range(nf):
+            self._put(i, j, leaves[i], views[i], dtypes[i])
+        return 0
 
     cdef int _put(self, Py_ssize_t i, Py_ssize_t j, object leaf,
                   cnp.ndarray view, object dtype) except -1:

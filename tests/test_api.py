@@ -46,11 +46,6 @@ def test_a_source_that_is_neither_kind_is_refused() -> None:
         fastq.Prefetcher(42, batch_size=4)
 
 
-def test_callable_with_batch_size_is_refused() -> None:
-    with pytest.raises(fastq.ConfigError, match="batch_size does not apply"):
-        fastq.Prefetcher(lambda: iter(()), batch_size=4)
-
-
 def test_unpicklable_source_under_spawn_names_the_fix() -> None:
     class Local(PatternDataset):  # a local class cannot be pickled
         pass

@@ -119,7 +119,7 @@ def test_a_failure_before_the_first_batch_is_raised_at_construction() -> None:
     with pytest.raises(fastq.WorkerError, match="no such shard") as info:
         fastq.Prefetcher(FailsAtOnce(), workers=2, start_method="forkserver")
     assert isinstance(info.value.__cause__, KeyError)
-    with pytest.raises(fastq.ConfigError, match="yielded no batch in worker 0"):
+    with pytest.raises(fastq.ConfigError, match="yielded no item in any worker"):
         fastq.Prefetcher(NoBatches(), workers=2, start_method="forkserver")
     with pytest.raises(fastq.WorkerDied, match="worker 0 .* SIGKILL"):
         fastq.Prefetcher(DiesAtOnce(), workers=2, start_method="fork")

@@ -552,9 +552,12 @@ class Slow(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return i
 
 
-def test_prefetcher_refuses_a_torch_iterable_dataset_with_a_len() -> None:
-    with pytest.raises(fastq.ConfigError, match="fastq.torch.DataLoader"):
-        fastq.Prefetcher(Sharded(8), batch_size=2, workers=1)
+def test_prefetcher_iterates_a_torch_iterable_dataset_with_a_len() -> None:
+    """Its len does not make it map-style: each worker iterates it as a
+    sample stream, and torch's get_worker_info() shards it."""
+    with fastq.Prefetcher(Sharded(9), batch_size=2, workers=2) as pf:
+        got = sorted(int(i) for batch in pf for i in batch)
+    assert got == list(range(9))
 
 
 def test_an_abandoned_epoch_leaves_the_next_one_whole_with_persistent_workers() -> None:

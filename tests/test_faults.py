@@ -262,5 +262,5 @@ def test_fork_is_refused_after_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.timeout(30)
 def test_callable_that_yields_nothing_needs_a_spec() -> None:
-    with pytest.raises(fastq.ConfigError, match="yielded no batch.*spec="):
+    with pytest.raises(fastq.ConfigError, match="yielded no item.*spec="):
         fastq.Prefetcher(CountingBatches(0), workers=1, start_method="fork")

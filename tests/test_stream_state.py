@@ -139,5 +139,5 @@ def test_a_state_of_another_worker_count_is_refused_naming_both() -> None:
     with pytest.raises(fastq.ConfigError, match=r"state\['workers'\]=2.*workers=3"):
         make(workers=3, state=state)
     map_state = {**state, "format": "fastq.Prefetcher/1"}
-    with pytest.raises(fastq.ConfigError, match="callable"):
+    with pytest.raises(fastq.ConfigError, match="over a stream"):
         make(state=map_state)
