@@ -1,4 +1,5 @@
-"""A compute-bound workload: workers do real per-sample numpy work, so the
+"""Compute-bound workloads: workers do real per-sample work (numpy
+augmentation; zlib inflating images, which lets go of the GIL), so the
 best a loader can do is stay out of the way; extra_info has the ratio to
 the ideal (workers x this process's own batch rate)."""
 
@@ -13,8 +14,10 @@ from fastq._bench import cases
 from fastq._bench.measure import Budget
 
 
+@pytest.mark.parametrize("workload", ["compute", "decode"])
 def test_compute_bound(
     benchmark: Any,
+    workload: str,
     record: Any,
     transport: str,
     workers: int,
@@ -22,12 +25,12 @@ def test_compute_bound(
     budget: Budget,
 ) -> None:
     skip_if_missing(transport)
-    found = cases.compute([transport], [workers], slots)
+    found = cases.compute([transport], [workers], slots, workload)
     if not found:
         pytest.skip(f"{transport}: no workers to compute in")
-    benchmark.group = f"compute-bound, {workers} worker(s)"
+    benchmark.group = f"compute-bound ({workload}), {workers} worker(s)"
     result = measure_blocks(benchmark, found[0], budget)
-    ideal = cases.compute_ideal([workers])[workers]
+    ideal = cases.compute_ideal([workers], workload)[workers]
     benchmark.extra_info["ideal_batches_per_s"] = round(ideal, 2)
     benchmark.extra_info["x_ideal"] = round(result.batches_per_s / ideal, 3)
-    record("compute", result)
+    record(workload, result)

@@ -89,21 +89,26 @@ def steady(transports: Sequence[str], slots: int | None) -> list[tuple[Case, Opt
 
 
 def compute(
-    transports: Sequence[str], workers: Sequence[int], slots: int | None
+    transports: Sequence[str],
+    workers: Sequence[int],
+    slots: int | None,
+    workload: str = COMPUTE_WORKLOAD,
 ) -> list[Case]:
     return [
-        Case(t, COMPUTE_WORKLOAD, w, slots or 2 * w)
+        Case(t, workload, w, slots or 2 * w)
         for w in workers
         for t in transports
         if TRANSPORTS[t].role != "limit"
     ]
 
 
-def compute_ideal(workers: Sequence[int], repeats: int = 9) -> dict[int, float]:
-    """Batches/s if producing were the only cost: the compute workload's
+def compute_ideal(
+    workers: Sequence[int], workload: str = COMPUTE_WORKLOAD, repeats: int = 9
+) -> dict[int, float]:
+    """Batches/s if producing were the only cost: a compute workload's
     batch time in this process (median of `repeats`), times the workers that
     have a CPU of their own."""
-    producer = Producer(ProducerConfig(WORKLOADS[COMPUTE_WORKLOAD]))
+    producer = Producer(ProducerConfig(WORKLOADS[workload]))
     producer.batch(0)
     times = []
     for n in range(1, repeats + 1):

@@ -20,7 +20,15 @@ from .measure import Budget, Options, Result, run
 from .transports import FASTQ, PEERS, TRANSPORTS, Case
 from .workloads import DEFAULT_WORKLOAD, SHAPES, WORKLOADS
 
-SECTIONS = ("throughput", "latency", "startup", "steady", "compute", "torch-startup")
+SECTIONS = (
+    "throughput",
+    "latency",
+    "startup",
+    "steady",
+    "compute",
+    "decode",
+    "torch-startup",
+)
 GROUPS = {
     "all": tuple(TRANSPORTS),
     "fastq-all": FASTQ,
@@ -101,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
         help="what to measure, repeatable (default: throughput): "
         "latency = hand-over of paced small batches; startup = time "
         "to first batch under spawn; steady = system calls and page "
-        "faults per batch (perf); compute = compute-bound workers; "
+        "faults per batch (perf); compute = compute-bound workers (numpy "
+        "augmentation); decode = compute-bound workers inflating images "
+        "(zlib, which lets go of the GIL: where thread workers pay); "
         "torch-startup = first batch and worker memory with torch imported, "
         "per start method and beside DataLoader (workers 1 and 2 unless "
         "--workers; 5 runs unless --repeat; about 3 minutes)",
@@ -290,6 +300,31 @@ def main(argv: list[str] | None = None) -> int:
         plan.append((section, go))
         counts.append(len(jobs))
 
+    def add_compute(section: str) -> None:
+        """A compute-bound section: its workload (named as the section)
+        measured against workers x this process's own batch rate."""
+        ideal: dict[int, float] = {}
+
+        def measure_ideal(session: _Session) -> None:
+            if session.quiet > 0:
+                procstat.wait_for_quiet(session.quiet)
+            ideal.update(cases.compute_ideal(workers, section))
+            session.records.append(
+                {"section": f"{section}-ideal", "batches_per_s": ideal}
+            )
+
+        def compute_tables(out: list[Result]) -> None:
+            w = WORKLOADS[section]
+            text.append(
+                f"Compute-bound ({section}): {w.describe()}; {w.note}. Ideal: "
+                "workers x the batch rate of this process making batches "
+                "alone (" + ", ".join(f"{k}: {v:.2f}/s" for k, v in ideal.items()) + ")"
+            )
+            text.append(report.compute_table(out, ideal) + "\n")
+
+        jobs = cases.compute(transports, workers, args.slots, section)
+        add(section, [(c, None, None) for c in jobs], compute_tables, measure_ideal)
+
     counts: list[int] = []
     if "throughput" in sections:
         jobs = [
@@ -345,30 +380,9 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             ),
         )
-    if "compute" in sections:
-        ideal: dict[int, float] = {}
-
-        def measure_ideal(session: _Session) -> None:
-            if session.quiet > 0:
-                procstat.wait_for_quiet(session.quiet)
-            ideal.update(cases.compute_ideal(workers))
-            session.records.append({"section": "compute-ideal", "batches_per_s": ideal})
-
-        def compute_tables(out: list[Result]) -> None:
-            w = WORKLOADS[cases.COMPUTE_WORKLOAD]
-            text.append(
-                f"Compute-bound: {w.describe()}; {w.note}. Ideal: "
-                "workers x the batch rate of this process making batches "
-                "alone (" + ", ".join(f"{k}: {v:.2f}/s" for k, v in ideal.items()) + ")"
-            )
-            text.append(report.compute_table(out, ideal) + "\n")
-
-        add(
-            "compute",
-            [(c, None, None) for c in cases.compute(transports, workers, args.slots)],
-            compute_tables,
-            measure_ideal,
-        )
+    for section in ("compute", "decode"):
+        if section in sections:
+            add_compute(section)
 
     if "torch-startup" in sections:
         torch_workers = args.workers or list(torch_startup.WORKERS)

@@ -119,8 +119,16 @@ TRANSPORTS = {
             about="map-style source: each sample written into its row",
         ),
         Transport(
+            "fastq-stream",
+            "fastq, sample stream",
+            "fastq",
+            "via_fastq:sample_stream",
+            about="stream source with batch_size (an IterableDataset): "
+            "each yielded sample written into its row",
+        ),
+        Transport(
             "fastq-threads",
-            "fastq, per-sample, thread workers",
+            "fastq, per-sample, threads",
             "fastq",
             "via_fastq:samples_in_threads",
             about="as per-sample, with worker_method='thread': no process, "

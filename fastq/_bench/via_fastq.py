@@ -9,7 +9,7 @@ from typing import Any
 import fastq
 
 from .transports import Case, Feed
-from .workloads import BatchSource, FillDataset, SampleDataset
+from .workloads import BatchSource, FillDataset, SampleDataset, SampleStream
 
 
 def _endless(pf: Any) -> Iterator[Any]:
@@ -41,6 +41,15 @@ def batches(case: Case) -> Iterator[Feed]:
 @contextmanager
 def samples(case: Case) -> Iterator[Feed]:
     src = SampleDataset(case.producer())
+    with _open(case, src, case.shape.rows) as pf:
+        yield Feed(_endless(pf), pf.stats)
+
+
+@contextmanager
+def sample_stream(case: Case) -> Iterator[Feed]:
+    """Stream source with batch_size: each yielded sample written into its
+    row, as a map-style source's are."""
+    src = SampleStream(case.producer())
     with _open(case, src, case.shape.rows) as pf:
         yield Feed(_endless(pf), pf.stats)
 

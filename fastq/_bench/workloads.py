@@ -4,6 +4,7 @@ exactly the same producer work per batch."""
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,14 +23,15 @@ STAMP_BYTES = 16
 class Workload:
     """A batch of `rows` rows; each field is (name, row shape, dtype).
 
-    `compute` workloads make every sample with real numpy work (crop, flip,
-    colour jitter) instead of stamping a prepared template.
+    `compute` workloads make every sample with real work instead of
+    stamping a prepared template: "augment" (numpy crop, flip, colour
+    jitter) or "decode" (inflating a compressed image, as PNG does).
     """
 
     name: str
     rows: int
     fields: tuple[tuple[str, tuple[int, ...], str], ...]
-    compute: bool = False
+    compute: str = ""
     note: str = ""
 
     @property
@@ -72,9 +74,17 @@ WORKLOADS = {
             "compute",
             32,
             (("image", (3, 224, 224), "uint8"), _labels()),
-            compute=True,
+            compute="augment",
             note="per sample: random-resized crop of a 256x256 image to 224, "
             "flip, colour jitter in float32, back to uint8",
+        ),
+        Workload(
+            "decode",
+            32,
+            (("image", (3, 224, 224), "uint8"), _labels()),
+            compute="decode",
+            note="per sample: zlib-inflate a 3x224x224 image (deflate level 6, "
+            "PNG's codec; zlib lets go of the GIL while it inflates)",
         ),
     )
 }
@@ -113,6 +123,27 @@ def _source_images(rng: np.random.Generator) -> np.ndarray[Any, Any]:
     return rng.integers(
         0, 256, (_SOURCE_IMAGES, 3, _SOURCE_SIDE, _SOURCE_SIDE), dtype=np.uint8
     )
+
+
+def _compressed_images(rng: np.random.Generator) -> list[bytes]:
+    """Images that compress as photographs roughly do (smooth gradients
+    with noise: about 2:1), deflated once."""
+    side = 224
+    ramp = np.add.outer(np.arange(side), np.arange(side)) // 2
+    out = []
+    for _ in range(_SOURCE_IMAGES):
+        noise = rng.integers(0, 24, (3, side, side))
+        image = ((ramp[None] + rng.integers(0, 256, (3, 1, 1)) + noise) % 256).astype(
+            np.uint8
+        )
+        out.append(zlib.compress(image.tobytes(), 6))
+    return out
+
+
+def decode(blobs: list[bytes], i: int, out: np.ndarray[Any, Any]) -> None:
+    """Sample i of the decode workload, inflated into `out`."""
+    raw = zlib.decompress(blobs[i % len(blobs)])
+    out[...] = np.frombuffer(raw, np.uint8).reshape(out.shape)
 
 
 def augment(images: np.ndarray[Any, Any], i: int, out: np.ndarray[Any, Any]) -> None:
@@ -179,7 +210,7 @@ class Producer:
     seed: int = 0
     _buffers: list[Arrays] = field(default_factory=list)
     _rows: dict[int, list[Arrays]] = field(default_factory=dict)
-    _images: np.ndarray[Any, Any] | None = None
+    _images: Any = None  # a compute workload's source images
     _next_ns: int = 0  # pacing: the earliest time of the next hand-over
 
     @property
@@ -215,10 +246,18 @@ class Producer:
                 self._buffers.append(self._template())
         return self._buffers[k]
 
-    def _source(self) -> np.ndarray[Any, Any]:
+    def _make(self, i: int, out: np.ndarray[Any, Any]) -> None:
+        """Sample i's image of a compute workload, made into `out`."""
         if self._images is None:
-            self._images = _source_images(np.random.default_rng(self.seed))
-        return self._images
+            rng = np.random.default_rng(self.seed)
+            if self.workload.compute == "decode":
+                self._images = _compressed_images(rng)
+            else:
+                self._images = _source_images(rng)
+        if self.workload.compute == "decode":
+            decode(self._images, i, out)
+        else:
+            augment(self._images, i, out)
 
     def _pace(self) -> int:
         """Waits out the pace (sleeping: a busy wait would hold the GIL that
@@ -235,9 +274,8 @@ class Producer:
         return time.perf_counter_ns()
 
     def _compute_rows(self, base: int, out: Arrays) -> None:
-        images = self._source()
         for j in range(len(out[0])):
-            augment(images, base + j, out[0][j])
+            self._make(base + j, out[0][j])
             out[1][j] = (base + j) % 1000
 
     def batch(self, n: int) -> Arrays:
@@ -265,7 +303,7 @@ class Producer:
         rows = self.workload.rows
         if self.workload.compute:
             image = np.empty(self.workload.fields[0][1], np.uint8)
-            augment(self._source(), i, image)
+            self._make(i, image)
             return image, np.array(i % 1000, np.int64)
         n = i // rows
         k = n % max(1, self.cfg.pool)
@@ -296,6 +334,25 @@ class BatchSource:
         while True:
             yield producer.batch(n)
             n += 1
+
+
+class SampleStream:
+    """Stream source of samples (an IterableDataset): each worker's own
+    endless stream, its samples numbered from worker id << 32, so that each
+    worker's batches start at a row 0 that carries the stamp."""
+
+    def __init__(self, cfg: ProducerConfig) -> None:
+        self.cfg = cfg
+
+    def __iter__(self) -> Iterator[Arrays]:
+        from fastq import get_worker_info
+
+        info = get_worker_info()
+        producer = Producer(self.cfg)
+        i = 0 if info is None else info.id << 32
+        while True:
+            yield producer.sample(i)
+            i += 1
 
 
 class SampleDataset:
