@@ -1,6 +1,7 @@
 """fastq: feed a training loop from worker processes through a lock-free
 ring of preallocated shared-memory batch slots."""
 
+from ._jagged import Jagged, JaggedArray
 from ._prefetcher import Prefetcher
 from ._shared_arrays import shared_array
 from ._spec import BatchSpec
@@ -35,6 +36,8 @@ __all__ = [
     "ConfigError",
     "FastqError",
     "FetchTimeout",
+    "Jagged",
+    "JaggedArray",
     "Prefetcher",
     "PrefetcherClosed",
     "RingError",

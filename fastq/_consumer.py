@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _report
+from ._jagged import JaggedArray
 from ._packing import PackedSpec
 from ._ring import (
     ALERT,
@@ -290,16 +291,19 @@ class Feed:
         if self.n_batches == 0:
             self.t_first = time.perf_counter()
         rows = lease.rows
+        nbytes = rows * self.spec.row_bytes
         if self.packed:
             batch = self.host._unpack(lease)
         else:
             arrays = self.spec.views(lease, rows)
+            if self.spec.jagged:
+                nbytes += sum(a.values.nbytes for a in arrays if type(a) is JaggedArray)
             if self.copy:
                 arrays = [a.copy() for a in arrays]
                 lease.release()
             batch = self.host._make_batch(arrays)
         self.n_batches += 1
-        self.n_bytes += rows * self.spec.row_bytes
+        self.n_bytes += nbytes
         self.occupancy += self.ring.depth(READY) + self.consumer.in_window
         return batch
 

@@ -9,6 +9,14 @@ from typing import Any
 
 import numpy as np
 
+from ._jagged import (
+    Jagged,
+    JaggedArray,
+    JaggedLayout,
+    batch_value,
+    over_budget,
+    sample_rows,
+)
 from .errors import SpecError
 
 FIELD_ALIGN = 64
@@ -20,18 +28,27 @@ Structure = Any
 
 @dataclass(frozen=True)
 class Field:
-    """One leaf of a batch: its name, per-row shape, dtype and slot offset."""
+    """One leaf of a batch: its name, per-row shape, dtype and slot offset.
+    A jagged field's shape is that of each of its values' rows, and
+    `offset` is where its offsets lie (its values follow, `jagged`)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
     offset: int
+    jagged: JaggedLayout | None = None
 
     @property
     def row_bytes(self) -> int:
+        """A fixed field's bytes per sample; a jagged field's per value row."""
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     def describe(self) -> str:
+        if self.jagged is not None:
+            return (
+                f"jagged, up to {self.jagged.max_len} rows of shape {self.shape} "
+                f"dtype {self.dtype} a sample, {self.jagged.budget} a batch"
+            )
         return f"shape {self.shape} dtype {self.dtype}"
 
 
@@ -53,6 +70,33 @@ def _same_rows(name: str, arr: np.ndarray[Any, Any], rows: int | None) -> int:
             "number of rows"
         )
     return int(arr.shape[0])
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // FIELD_ALIGN) * FIELD_ALIGN
+
+
+def _same_count(name: str, n: int, rows: int | None, capacity: int) -> int:
+    """A jagged field's samples in a batch, checked as _same_rows does."""
+    if rows is not None and n != rows:
+        raise SpecError(
+            f"field {name!r} of a batch: {n} samples while the fields before "
+            f"it have {rows}; every field of a batch needs the same number"
+        )
+    if n > capacity:
+        raise SpecError(
+            f"field {name!r} of a batch: {n} samples, more than the {capacity} "
+            "a slot holds; yield smaller batches or pass spec= with more rows"
+        )
+    return n
+
+
+def _declared(name: str, declared: Any) -> tuple[Any, ...]:
+    """A field of BatchSpec from a parsed spec= leaf."""
+    if isinstance(declared, Jagged):
+        return (name, declared.inner, declared.dtype, declared)
+    shape, dtype = declared
+    return (name, shape, dtype)
 
 
 def _path(parent: str, key: Any) -> str:
@@ -169,16 +213,18 @@ class BatchSpec:
     def __init__(
         self,
         structure: Structure,
-        fields: Sequence[tuple[str, tuple[int, ...], Any]],
+        fields: Sequence[tuple[Any, ...]],
         rows: int,
     ) -> None:
+        """`fields`: (name, shape, dtype), or (name, row shape, dtype,
+        Jagged) for a variable-length field."""
         if rows < 1:
             raise SpecError(f"rows must be >= 1, got {rows}")
         self.structure = structure
         self.rows = rows
         laid: list[Field] = []
         offset = 0
-        for name, shape, dtype in fields:
+        for name, shape, dtype, *declared in fields:
             dt = _native(np.dtype(dtype))
             if dt.hasobject:
                 raise SpecError(
@@ -188,11 +234,27 @@ class BatchSpec:
             f = Field(name, tuple(int(d) for d in shape), dt, offset)
             if any(d < 0 for d in f.shape):
                 raise SpecError(f"field {name!r}: negative dimension in {f.shape}")
+            if declared and declared[0] is not None:
+                # Offsets, then `budget` rows of values.
+                jag: Jagged = declared[0]
+                budget = jag.budget or rows * jag.max_len
+                values_at = offset + _aligned(8 * (rows + 1))
+                f = Field(
+                    name,
+                    f.shape,
+                    dt,
+                    offset,
+                    JaggedLayout(jag.max_len, budget, values_at),
+                )
+                offset = values_at + _aligned(f.row_bytes * budget)
+            else:
+                offset += _aligned(f.row_bytes * rows)
             laid.append(f)
-            offset += -(-(f.row_bytes * rows) // FIELD_ALIGN) * FIELD_ALIGN
         self.fields = tuple(laid)
         self.slot_bytes = max(offset, FIELD_ALIGN)
-        self.row_bytes = sum(f.row_bytes for f in laid)
+        # Bytes a full batch's fixed fields hold (jagged ones vary).
+        self.row_bytes = sum(f.row_bytes for f in laid if f.jagged is None)
+        self.jagged = any(f.jagged is not None for f in laid)
         # A flat tuple (or one array) of leaves needs no flattening per row.
         self.flat = structure is None or (
             structure[0] == "tuple" and all(c is None for c in structure[2])
@@ -253,6 +315,9 @@ class BatchSpec:
             )
 
         def parse(v: Any, path: str, out: list[tuple[str, Any]]) -> Structure:
+            if isinstance(v, Jagged):
+                out.append((_leaf_name(path), v.checked(_leaf_name(path))))
+                return None
             if is_leaf(v):
                 shape = (v[0],) if isinstance(v[0], int) else tuple(v[0])
                 try:
@@ -285,10 +350,14 @@ class BatchSpec:
         leaves: list[tuple[str, Any]] = []
         structure = parse(spec, "", leaves)
         if rows is not None:
-            return cls(structure, [(n, s, d) for n, (s, d) in leaves], rows)
+            return cls(structure, [_declared(n, v) for n, v in leaves], rows)
         batch_rows = None
-        fields = []
-        for name, (shape, dtype) in leaves:
+        fields: list[tuple[Any, ...]] = []
+        for name, declared in leaves:
+            if isinstance(declared, Jagged):
+                fields.append(_declared(name, declared))
+                continue
+            shape, dtype = declared
             if len(shape) == 0 or (batch_rows is not None and shape[0] != batch_rows):
                 raise SpecError(
                     f"spec field {name!r}: shape {shape} needs the same leading "
@@ -297,7 +366,13 @@ class BatchSpec:
                 )
             batch_rows = shape[0]
             fields.append((name, shape[1:], dtype))
-        return cls(structure, fields, int(batch_rows or 0))
+        if batch_rows is None:
+            raise SpecError(
+                "spec: every field is jagged, so nothing gives a whole batch's "
+                "samples; pass batch_size (a stream of samples), or declare a "
+                "fixed field with the batch's leading dimension"
+            )
+        return cls(structure, fields, int(batch_rows))
 
     # ----------------------------------------------------------- structure
 
@@ -331,12 +406,87 @@ class BatchSpec:
 
     # ---------------------------------------------------------------- views
 
-    def views(self, buffer: Any, rows: int) -> list[np.ndarray[Any, Any]]:
-        """Arrays over the first `rows` rows of each field in `buffer`."""
+    def views(self, buffer: Any, rows: int, capacity: bool = False) -> list[Any]:
+        """Arrays over the first `rows` rows of each field in `buffer`; a
+        jagged field's JaggedArray of those samples (with ``capacity``: its
+        values array is the whole budget, for a worker to write into)."""
+        out: list[Any] = []
+        for f in self.fields:
+            jag = f.jagged
+            if jag is None:
+                shape = (rows, *f.shape)
+                out.append(np.ndarray(shape, f.dtype, buffer=buffer, offset=f.offset))
+                continue
+            offsets = np.ndarray((rows + 1,), np.int64, buffer=buffer, offset=f.offset)
+            total = jag.budget
+            if not capacity:
+                total = int(offsets[rows])
+                if not 0 <= total <= jag.budget or offsets[0] != 0:
+                    raise SpecError(
+                        f"field {f.name!r}: offsets end at {total}, outside "
+                        f"0..{jag.budget}; a fill_batch must write offsets[0] = 0 "
+                        "and offsets that never decrease"
+                    )
+            values = np.ndarray(
+                (total, *f.shape), f.dtype, buffer=buffer, offset=jag.values_offset
+            )
+            out.append(JaggedArray(values, offsets))
+        return out
+
+    @staticmethod
+    def first_rows(views: Sequence[Any], rows: int) -> list[Any]:
+        """Capacity views cut to a batch of `rows` samples."""
         return [
-            np.ndarray((rows, *f.shape), f.dtype, buffer=buffer, offset=f.offset)
-            for f in self.fields
+            JaggedArray(v.values, v.offsets[: rows + 1])
+            if isinstance(v, JaggedArray)
+            else v[:rows]
+            for v in views
         ]
+
+    # -------------------------------------------------------------- jagged
+
+    def put_jagged(self, i: int, j: int, value: Any, out: JaggedArray) -> None:
+        """Sample j's value of jagged field i, after samples 0..j-1."""
+        f = self.fields[i]
+        assert f.jagged is not None
+        arr = sample_rows(f.name, value, f.dtype, f.shape, f.jagged.max_len)
+        offsets = out.offsets
+        if j == 0:
+            offsets[0] = 0
+        start = int(offsets[j])
+        end = start + len(arr)
+        if end > f.jagged.budget:
+            raise over_budget(f.name, end, f.jagged.budget, j + 1)
+        out.values[start:end] = arr
+        offsets[j + 1] = end
+
+    def put_jagged_batch(self, i: int, value: JaggedArray, out: JaggedArray) -> int:
+        """A whole batch's jagged field i (checked) into `out`: its samples."""
+        f = self.fields[i]
+        assert f.jagged is not None
+        n = len(value)
+        total = int(value.offsets[-1])
+        if total > f.jagged.budget:
+            raise over_budget(f.name, total, f.jagged.budget, n)
+        out.values[:total] = value.values
+        out.offsets[: n + 1] = value.offsets
+        return n
+
+    def check_filled(self, views: Sequence[Any]) -> None:
+        """After fill_batch: every jagged field's offsets are a batch's."""
+        for f, v in zip(self.fields, views):
+            if f.jagged is None:
+                continue
+            lengths = np.diff(v.offsets)
+            wrong = (lengths < 0) | (lengths > f.jagged.max_len)
+            if v.offsets[0] != 0 or wrong.any() or v.offsets[-1] > f.jagged.budget:
+                raise SpecError(
+                    f"field {f.name!r}: fill_batch wrote offsets "
+                    f"{v.offsets.tolist()[:8]}{'...' if len(v.offsets) > 8 else ''}; "
+                    f"expected offsets[0] = 0, each sample 0..max_len="
+                    f"{f.jagged.max_len} rows, at most budget={f.jagged.budget} "
+                    "in all"
+                )
 
     # --------------------------------------------------------------- checks
 
@@ -375,13 +525,23 @@ class BatchSpec:
             )
         return arr
 
-    def batch_arrays(self, batch: Any) -> tuple[int, list[np.ndarray[Any, Any]]]:
-        """A callable source's batch as (rows, one checked array per field)."""
+    def batch_arrays(self, batch: Any) -> tuple[int, list[Any]]:
+        """A callable source's batch as (rows, one checked array per field;
+        a JaggedArray for a jagged field)."""
         rows: int | None = None
-        arrays = []
+        arrays: list[Any] = []
         for i, leaf in enumerate(self.flatten(batch, "a batch")):
+            f = self.fields[i]
+            if f.jagged is not None:
+                values, offsets = batch_value(
+                    f.name, leaf, f.dtype, f.shape, f.jagged.max_len
+                )
+                jag = JaggedArray(values, offsets)
+                rows = _same_count(f.name, len(jag), rows, self.rows)
+                arrays.append(jag)
+                continue
             arr = self.check_batch(i, leaf)
-            rows = _same_rows(self.fields[i].name, arr, rows)
+            rows = _same_rows(f.name, arr, rows)
             arrays.append(arr)
         return int(rows or 0), arrays
 

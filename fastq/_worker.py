@@ -20,6 +20,7 @@ import numpy as np
 
 from . import _report
 from ._handoff import handoff_for_workers
+from ._jagged import JaggedArray
 from ._packing import Arena, Codec, PackedSpec, measure, pack
 from ._plan import Plan, PlanLayout, PlanTable
 from ._report import UNKNOWN_SAMPLE
@@ -449,7 +450,7 @@ class _Producer:
         # Full-capacity arrays over every slot, built once: writes go
         # straight into shared memory with no per-batch setup.
         self.views = [
-            self.spec.views(ring.slot_view(s), self.spec.rows)
+            self.spec.views(ring.slot_view(s), self.spec.rows, capacity=True)
             for s in range(ring.nslots)
         ]
         # What fill_batch gets for a full batch, built once per slot too.
@@ -525,8 +526,10 @@ class _Producer:
                     if n == self.spec.rows:
                         out = self.fill_outs[slot]
                     else:  # an epoch's short last batch
-                        out = self.spec.unflatten([v[:n] for v in views])
+                        out = self.spec.unflatten(self.spec.first_rows(views, n))
                     fill(indices, out)
+                    if self.spec.jagged:
+                        self.spec.check_filled(self.spec.first_rows(views, n))
                 elif getitems is not None:
                     samples = getitems(indices.tolist())
                     if len(samples) != len(indices):
@@ -714,8 +717,11 @@ class _Producer:
             # Not made into the slot (the iterator ran before it was known).
             return pack(batch, self.slots[slot], self.cfg.source.codec)
         rows, arrays = self.spec.batch_arrays(batch)
-        for view, arr in zip(self.views[slot], arrays):
-            copy_rows(view, arr, rows)
+        for i, (view, arr) in enumerate(zip(self.views[slot], arrays)):
+            if isinstance(arr, JaggedArray):
+                self.spec.put_jagged_batch(i, arr, view)
+            else:
+                copy_rows(view, arr, rows)
         return rows, 0
 
 

@@ -70,12 +70,14 @@ cdef class RowWriter:
     cdef cnp.npy_intp **dims
     cdef size_t *row_bytes
     cdef ScalarKind *scalar
+    cdef bint *jagged  # a variable-length field: the spec writes it
 
     def __cinit__(self):
         self.ndim = NULL
         self.dims = NULL
         self.row_bytes = NULL
         self.scalar = NULL
+        self.jagged = NULL
 
     def __init__(self, spec):
         cdef Py_ssize_t i, k
@@ -91,7 +93,9 @@ cdef class RowWriter:
         self.dims = <cnp.npy_intp **>PyMem_Malloc(n * sizeof(cnp.npy_intp *))
         self.row_bytes = <size_t *>PyMem_Malloc(n * sizeof(size_t))
         self.scalar = <ScalarKind *>PyMem_Malloc(n * sizeof(ScalarKind))
-        if not (self.ndim and self.dims and self.row_bytes and self.scalar):
+        self.jagged = <bint *>PyMem_Malloc(n * sizeof(bint))
+        if not (self.ndim and self.dims and self.row_bytes and self.scalar
+                and self.jagged):
             raise MemoryError()
         for i in range(self.nfields):
             self.dims[i] = NULL
@@ -104,7 +108,8 @@ cdef class RowWriter:
                 raise MemoryError()
             for k, d in enumerate(f.shape):
                 self.dims[i][k] = d
-            self.scalar[i] = _scalar_kind(f.shape, f.dtype)
+            self.jagged[i] = f.jagged is not None
+            self.scalar[i] = NOT_SCALAR if self.jagged[i] else _scalar_kind(f.shape, f.dtype)
         self.scalar_types = [f.dtype.type for f in fields]
 
     def __dealloc__(self):
@@ -116,6 +121,7 @@ cdef class RowWriter:
         PyMem_Free(self.ndim)
         PyMem_Free(self.row_bytes)
         PyMem_Free(self.scalar)
+        PyMem_Free(self.jagged)
 
     def write_samples(self, get, list keys, list views):
         """Row j of each field array in `views` = leaf of get(keys[j])."""
@@ -146,6 +152,10 @@ cdef class RowWriter:
         if len(views) != self.nfields:
             raise ValueError(f"{len(views)} field arrays for {self.nfields} fields")
         for i in range(self.nfields):
+            if self.jagged[i]:
+                if len(views[i]) < rows:
+                    raise ValueError(f"jagged field {i} has fewer than {rows} samples")
+                continue
             view = views[i]
             if cnp.PyArray_NDIM(view) < 1 or cnp.PyArray_DIMS(view)[0] < rows:
                 raise ValueError(f"field array {i} has fewer than {rows} rows")
@@ -155,13 +165,16 @@ cdef class RowWriter:
         cdef Py_ssize_t i, nf = self.nfields
         cdef list dtypes = self.dtypes
         if self.single:
-            return self._put(0, j, sample, views[0], dtypes[0])
-        if self.flat and type(sample) is tuple and len(<tuple>sample) == nf:
+            leaves = (sample,)
+        elif self.flat and type(sample) is tuple and len(<tuple>sample) == nf:
             leaves = sample
         else:
             leaves = self.spec.flatten(sample, "a sample")
         for i in range(nf):
-            self._put(i, j, leaves[i], views[i], dtypes[i])
+            if self.jagged[i]:
+                self.spec.put_jagged(i, j, leaves[i], views[i])
+            else:
+                self._put(i, j, leaves[i], views[i], dtypes[i])
         return 0
 
     cdef int _put(self, Py_ssize_t i, Py_ssize_t j, object leaf,

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from .._jagged import Jagged, JaggedArray
 from .._prefetcher import Prefetcher
 from ..errors import ConfigError, SharedMemoryError, SpecError
 
@@ -239,6 +240,40 @@ def _defer_release(cuda: _Cuda, owner: Any) -> None:
     cuda.pending.append((event, owner))
 
 
+def _first_jagged(spec: Any, path: str = "") -> str | None:
+    """The name of the first fastq.Jagged field declared in spec=, if any."""
+    if isinstance(spec, Jagged):
+        return path or "batch"
+    if isinstance(spec, dict):
+        items: Any = spec.items()
+    elif isinstance(spec, (tuple, list)):
+        items = enumerate(spec)
+    else:
+        return None
+    for key, value in items:
+        name = _first_jagged(value, f"{path}.{key}" if path else str(key))
+        if name is not None:
+            return name
+    return None
+
+
+def _names_cuda(device: Any) -> bool:
+    try:
+        return device is not None and torch.device(device).type == "cuda"
+    except (RuntimeError, TypeError, ValueError):
+        return False  # _resolve_device names what is wrong with it
+
+
+def _cpu_tensor(a: Any) -> torch.Tensor:
+    """A field's tensor over the slot: a jagged field's as a nested tensor
+    with the jagged layout (values and offsets, no copy)."""
+    if type(a) is JaggedArray:
+        return torch.nested.nested_tensor_from_jagged(
+            torch.from_numpy(a.values), torch.from_numpy(a.offsets)
+        )
+    return torch.from_numpy(a)
+
+
 class TorchPrefetcher(Prefetcher):
     """A :class:`fastq.Prefetcher` that yields torch tensors: CPU tensors
     over the ring's slots (no copy), page-locked when ``pin_memory=True``,
@@ -287,6 +322,15 @@ class TorchPrefetcher(Prefetcher):
         # Everything that can be refused is refused before a worker starts.
         self._cuda: _Cuda | None = None
         arguments = _bind_prefetcher_args((source, batch_size, *args), kwargs)
+        jagged = _first_jagged(arguments.get("spec"))
+        if jagged is not None and (pin_memory or _names_cuda(device)):
+            option = "pin_memory=True" if pin_memory else f"device={device!r}"
+            raise ConfigError(
+                f"{option} with the jagged field {jagged!r}: jagged fields are "
+                "handed out on the CPU, as nested tensors over the slot; drop "
+                f"{option.split('=')[0]}= and move each batch with "
+                ".to(device, non_blocking=True)"
+            )
         dev, pin = _resolve_device(device, pin_memory)
         if (dev is not None or pin) and arguments.get("copy", False):
             option = f"device={device!r}" if dev is not None else "pin_memory=True"
@@ -336,7 +380,7 @@ class TorchPrefetcher(Prefetcher):
         if cuda is None:
             # The tensors keep the numpy views alive, and with them the
             # lease: the slot returns when the last tensor is garbage.
-            tensors = [torch.from_numpy(a) for a in arrays]
+            tensors = [_cpu_tensor(a) for a in arrays]
         elif self.device is not None:
             tensors = cuda.to_device(arrays)
         else:
