@@ -160,17 +160,19 @@ def _rows_array(
     name: str, value: Any, dtype: np.dtype[Any], inner: tuple[int, ...], what: str
 ) -> np.ndarray[Any, Any]:
     """`value` as an array of rows of shape `inner`, of a dtype that fits."""
-    arr = value if type(value) is np.ndarray else np.asarray(value)
+    # As for a fixed field: an array must have the field's dtype; a list
+    # of numbers is converted to it.
+    arr = value if type(value) is np.ndarray else np.asarray(value, dtype)
     if arr.ndim != 1 + len(inner) or arr.shape[1:] != inner:
         want = ", ".join(["n", *map(str, inner)])
         raise SpecError(
             f"field {name!r} of {what}: expected shape ({want}) (a jagged field: "
             f"n rows of shape {inner}), got shape {arr.shape}"
         )
-    if arr.dtype != dtype and not np.can_cast(arr.dtype, dtype, "same_kind"):
+    if arr.dtype != dtype and arr.dtype.newbyteorder("=") != dtype:
         raise SpecError(
-            f"field {name!r} of {what}: dtype {arr.dtype} does not fit the "
-            f"field's {dtype}; give {dtype} values"
+            f"field {name!r} of {what}: dtype {arr.dtype}, but the field's is "
+            f"{dtype}; give {dtype} values (or declare the field so)"
         )
     return arr
 
