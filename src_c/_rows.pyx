@@ -70,7 +70,8 @@ cdef class RowWriter:
     cdef cnp.npy_intp **dims
     cdef size_t *row_bytes
     cdef ScalarKind *scalar
-    cdef bint *jagged  # a variable-length field: the spec writes it
+    cdef bint *jagged  # a variable-length field (values plus offsets)
+    cdef int64_t *max_len  # a jagged field's bound per sample
 
     def __cinit__(self):
         self.ndim = NULL
@@ -78,6 +79,7 @@ cdef class RowWriter:
         self.row_bytes = NULL
         self.scalar = NULL
         self.jagged = NULL
+        self.max_len = NULL
 
     def __init__(self, spec):
         cdef Py_ssize_t i, k
@@ -94,8 +96,9 @@ cdef class RowWriter:
         self.row_bytes = <size_t *>PyMem_Malloc(n * sizeof(size_t))
         self.scalar = <ScalarKind *>PyMem_Malloc(n * sizeof(ScalarKind))
         self.jagged = <bint *>PyMem_Malloc(n * sizeof(bint))
+        self.max_len = <int64_t *>PyMem_Malloc(n * sizeof(int64_t))
         if not (self.ndim and self.dims and self.row_bytes and self.scalar
-                and self.jagged):
+                and self.jagged and self.max_len):
             raise MemoryError()
         for i in range(self.nfields):
             self.dims[i] = NULL
@@ -109,6 +112,7 @@ cdef class RowWriter:
             for k, d in enumerate(f.shape):
                 self.dims[i][k] = d
             self.jagged[i] = f.jagged is not None
+            self.max_len[i] = f.jagged.max_len if self.jagged[i] else 0
             self.scalar[i] = NOT_SCALAR if self.jagged[i] else _scalar_kind(f.shape, f.dtype)
         self.scalar_types = [f.dtype.type for f in fields]
 
@@ -122,6 +126,7 @@ cdef class RowWriter:
         PyMem_Free(self.row_bytes)
         PyMem_Free(self.scalar)
         PyMem_Free(self.jagged)
+        PyMem_Free(self.max_len)
 
     def write_samples(self, get, list keys, list views):
         """Row j of each field array in `views` = leaf of get(keys[j])."""
@@ -172,9 +177,49 @@ cdef class RowWriter:
             leaves = self.spec.flatten(sample, "a sample")
         for i in range(nf):
             if self.jagged[i]:
-                self.spec.put_jagged(i, j, leaves[i], views[i])
+                self._put_jagged(i, j, leaves[i], views[i], dtypes[i])
             else:
                 self._put(i, j, leaves[i], views[i], dtypes[i])
+        return 0
+
+    cdef int _put_jagged(self, Py_ssize_t i, Py_ssize_t j, object leaf,
+                         object out, object dtype) except -1:
+        """Sample j's rows of jagged field i, after samples 0..j-1 of the
+        batch: one memcpy for an array of the field's row shape and dtype
+        within the bounds; the spec's checked path (and its SpecError)
+        otherwise."""
+        cdef cnp.ndarray a, values, offsets
+        cdef int64_t *off
+        cdef int64_t start, n
+        cdef int k, nd = self.ndim[i]
+        cdef cnp.npy_intp *have
+        if cnp.PyArray_CheckExact(leaf):
+            a = <cnp.ndarray>leaf
+            if cnp.PyArray_NDIM(a) == nd + 1 and cnp.PyArray_IS_C_CONTIGUOUS(a):
+                have = cnp.PyArray_DIMS(a)
+                for k in range(nd):
+                    if have[k + 1] != self.dims[i][k]:
+                        break
+                else:
+                    descr = <object>cnp.PyArray_DESCR(a)
+                    n = have[0]
+                    if n <= self.max_len[i] and (
+                        descr is dtype or cnp.PyArray_EquivTypes(descr, dtype)
+                    ):
+                        values = out.values
+                        offsets = out.offsets
+                        off = <int64_t *>cnp.PyArray_DATA(offsets)
+                        if j == 0:
+                            off[0] = 0
+                        start = off[j]
+                        if 0 <= start and start + n <= cnp.PyArray_DIMS(values)[0]:
+                            _copy(<char *>cnp.PyArray_DATA(values)
+                                  + start * self.row_bytes[i],
+                                  <const char *>cnp.PyArray_DATA(a),
+                                  n * self.row_bytes[i])
+                            off[j + 1] = start + n
+                            return 0
+        self.spec.put_jagged(i, j, leaf, out)
         return 0
 
     cdef int _put(self, Py_ssize_t i, Py_ssize_t j, object leaf,
