@@ -127,6 +127,23 @@ def test_a_stream_of_whole_batches_writes_jagged_fields() -> None:
     assert got == list(range(N))
 
 
+class Converted(Clips):
+    """Rows that take the checked path: a list of numbers, and values in
+    the other byte order."""
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        sample = clip(i)
+        sample["audio"] = sample["audio"].tolist()
+        sample["boxes"] = sample["boxes"].astype(">i4")
+        return sample
+
+
+def test_lists_and_the_other_byte_order_are_converted() -> None:
+    with fastq.Prefetcher(Converted(), batch_size=BATCH, workers=1, spec=SPEC) as pf:
+        got = [i for b in pf for i in check(b)]
+    assert got == list(range(N))
+
+
 def test_copies_outlive_the_slot() -> None:
     with fastq.Prefetcher(
         Clips(), batch_size=BATCH, workers=1, spec=SPEC, copy=True
