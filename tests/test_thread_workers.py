@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import child_pids
-from helpers import RandomDataset
+from helpers import PatternDataset, RandomDataset, expected_batch
 
 import fastq
 
@@ -209,3 +209,19 @@ def test_arguments_that_do_not_apply_are_refused() -> None:
         )
     with pytest.raises(fastq.ConfigError, match="worker_method='fiber'"):
         fastq.Prefetcher(RandomDataset(), batch_size=4, worker_method="fiber")
+
+
+def test_a_torch_prefetcher_runs_thread_workers() -> None:
+    """TorchPrefetcher's tensors over the slot, made by threads, bit for
+    bit and in order."""
+    torch = pytest.importorskip("torch")
+    from fastq.torch import TorchPrefetcher
+
+    with TorchPrefetcher(
+        PatternDataset(40), 4, workers=2, worker_method="thread"
+    ) as pf:
+        batches = [tuple(t.clone() for t in b) for b in pf]
+    assert len(batches) == 10
+    for k, batch in enumerate(batches):
+        for t, want in zip(batch, expected_batch(range(4 * k, 4 * k + 4))):
+            assert isinstance(t, torch.Tensor) and np.array_equal(t.numpy(), want)
