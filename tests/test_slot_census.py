@@ -133,8 +133,10 @@ def test_a_worker_paused_inside_a_pop_costs_nothing_once_it_resumes() -> None:
     """A worker stopped (SIGSTOP: a debugger, a throttled cgroup) between
     its FREE tail CAS and its cell release: the consumer's releases that
     meet that cell are kept and retried, the other worker goes on, nothing
-    fails, and after SIGCONT every batch arrives exactly once."""
-    n, rows = 400, 2
+    fails, and after SIGCONT every batch arrives exactly once. The epoch
+    is long, so that on a busy machine, where worker 1 may start late, the
+    other worker's releases still lap the FREE queue after the stop."""
+    n, rows = 4000, 2
     with fastq.Prefetcher(
         PatternDataset(n),
         batch_size=rows,
