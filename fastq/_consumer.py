@@ -358,6 +358,14 @@ class Feed:
             indices = self.sampler.batch_indices(task)
         elif self.indices_of is not None:
             indices = self.indices_of(task)
+        stream_place = None
+        if self.sampler is None and self.indices_of is None:
+            # A stream: the ring's task count means nothing to the user;
+            # the place in the worker's own stream does (each worker's
+            # items are handed out in its order, the failed batch counted).
+            stream_place = self.pass_items[worker] if self.pass_items else 0
+            if not self.sample_stream:
+                stream_place = max(0, stream_place - 1)
         return batch_error(
             report,
             worker=worker,
@@ -365,6 +373,7 @@ class Feed:
             task=task,
             position=lease.sample,
             indices=indices,
+            stream_place=stream_place,
             sample_stream=self.sample_stream,
         )
 
@@ -434,20 +443,32 @@ def batch_error(
     task: int,
     position: int,
     indices: Any,
+    stream_place: int | None = None,
     sample_stream: bool = False,
 ) -> Exception:
     """The exception for a worker's report on batch ``task``, naming the
-    sample at ``position`` of its ``indices`` when both are known, or of
-    the worker's own stream for a sample stream."""
-    where = f"batch {task}"
+    sample at ``position`` of its ``indices`` when both are known. A
+    stream's (``stream_place``: the worker's items handed out before it in
+    this pass) names the place in the worker's own stream instead: the
+    sample at ``position`` of a sample stream, else the batch."""
     sample_index = None
-    if sample_stream and position != _report.UNKNOWN_SAMPLE:
-        where += f", sample {position} of worker {worker}'s stream in this pass"
-    elif indices is not None and 0 <= position < len(indices):
-        sample_index = indices[position]
-        if isinstance(sample_index, np.integer):
-            sample_index = int(sample_index)
-        where += f", sample {sample_index!r}"
+    if stream_place is not None:
+        task = -1
+        if not sample_stream:
+            where = f"batch {stream_place} of worker {worker}'s stream in this pass"
+        elif position != _report.UNKNOWN_SAMPLE:
+            where = f"sample {position} of worker {worker}'s stream in this pass"
+        else:
+            where = f"worker {worker}'s stream, after sample {stream_place - 1}"
+            if stream_place == 0:
+                where = f"worker {worker}'s stream, before its first sample"
+    else:
+        where = f"batch {task}"
+        if indices is not None and 0 <= position < len(indices):
+            sample_index = indices[position]
+            if isinstance(sample_index, np.integer):
+                sample_index = int(sample_index)
+            where += f", sample {sample_index!r}"
     return report.error(
         worker=worker, pid=pid, where=where, task=task, sample=sample_index
     )

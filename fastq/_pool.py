@@ -359,17 +359,19 @@ class WorkerPool:
 
     # ------------------------------------------------ spec from a worker
 
-    def receive_spec(self, timeout: float | None) -> Any:
-        """The spec inferred from a first item (which its worker keeps and
-        delivers once the ring exists): worker 0's, or, while a worker's
-        stream is empty (fewer shards than workers), the next worker's.
-        Raises what went wrong there: the source's own exception as a
-        WorkerError, a source empty in every worker, a death, or a
-        timeout."""
+    def receive_spec(self, timeout: float | None, item: str = "batch") -> Any:
+        """The spec inferred from a first item (a "batch", or a "sample" of
+        a sample stream), which its worker keeps and delivers once the ring
+        exists: worker 0's, or, while a worker's stream is empty (fewer
+        shards than workers), the next worker's, all within one
+        ``timeout``. Raises what went wrong there: the source's own
+        exception as a WorkerError, a source empty in every worker, a
+        death, or a timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         for worker in range(self.size):
             if worker:
                 self.ask_first(worker, True)  # a fresh iterator of its own
-            kind, payload = self.receive_first(worker, timeout)
+            kind, payload = self.receive_first(worker, timeout, item, deadline)
             if kind == "spec":
                 return payload  # a BatchSpec, or a PackedSpec
             if kind != "empty":
@@ -377,25 +379,33 @@ class WorkerPool:
                 raise _report.decode(report).error(
                     worker=worker,
                     pid=self.processes[worker].pid,
-                    where="its first batch",
+                    where=f"its first {item}",
                 )
         raise self.empty_error()
 
-    def receive_first(self, worker: int, timeout: float | None) -> tuple[str, Any]:
-        """What a worker answered about its first batch (fastq._worker's
+    def receive_first(
+        self,
+        worker: int,
+        timeout: float | None,
+        item: str = "batch",
+        deadline: float | None = None,
+    ) -> tuple[str, Any]:
+        """What a worker answered about its first item (fastq._worker's
         _await_ring): ``spec``, ``error`` (a report and the sample position),
         ``empty`` or ``fatal`` (worker_init failed: a report). Raises its
-        death, or a timeout."""
+        death, or a timeout (``timeout`` from now, or at ``deadline``)."""
         conn = self._channels[worker]
         sentinels = {p.sentinel: w for w, p in enumerate(self.processes)}
-        deadline = None if timeout is None else time.monotonic() + timeout
+        if deadline is None and timeout is not None:
+            deadline = time.monotonic() + timeout
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise FetchTimeout(
-                    f"worker {worker} made no first batch within timeout="
+                    f"worker {worker} made no first {item} within timeout="
                     f"{timeout} s, so slots could not be sized; raise timeout= "
-                    "or pass spec={name: (batch_shape, dtype)}",
+                    "or pass spec={name: (shape, dtype)} (a sample's shape in a "
+                    "stream of samples, a batch's otherwise)",
                     worker=worker,
                 )
             ready = wait([conn, *sentinels], None if left is None else min(left, 1.0))

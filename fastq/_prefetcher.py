@@ -30,7 +30,7 @@ from ._state import (
     make_state,
     make_stream_state,
 )
-from ._streams import check_stream_source
+from ._streams import check_stream_source, check_thread_sharding
 from ._thread_workers import ThreadContext
 from ._worker import WorkerConfig
 from .errors import ConfigError, PrefetcherClosed
@@ -338,6 +338,8 @@ class Prefetcher:
             stream_rows, shuffle_buffer = _stream_batching(
                 batch_size, shuffle, drop_last, shuffle_buffer
             )
+            if worker_method == "thread":
+                check_thread_sharding(source, workers)
             if state is not None:
                 self._stream_resume = check_stream_state(
                     state,
@@ -404,11 +406,13 @@ class Prefetcher:
         stream = self._stream_resume
         if known is None:
             # A callable source without spec=: worker 0 infers it from its
-            # first batch; the ring is made once it is known.
+            # first item; the ring is made once it is known.
             self._pool = WorkerPool(
                 ctx, [config(w, None, 0) for w in range(workers)], None
             )
-            self._spec = self._pool.receive_spec(self.timeout)
+            self._spec = self._pool.receive_spec(
+                self.timeout, "sample" if self._stream_rows else "batch"
+            )
             size = self._make_ring(self.slots, workers)
             assert self._region is not None
             self._pool.send_region(self._region, size, self._spec, self._ring)

@@ -290,7 +290,8 @@ def check_stream_state(
             f"{state.get('seed')!r}, but this Prefetcher has shuffle_buffer="
             f"{shuffle_buffer or None!r} and seed={seed!r}: the samples a worker "
             "delivered are those its shuffle buffer drew, so pass the "
-            "shuffle_buffer (and seed, or seed=None) the state was saved with"
+            "shuffle_buffer and seed the state was saved with (a Prefetcher "
+            "given state= and seed=None takes the state's seed)"
         )
     items = state.get("items")
     if (

@@ -12,6 +12,7 @@ RandomShuffleQueue do.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +51,24 @@ def check_stream_source(source: Any) -> None:
         )
 
 
+def check_thread_sharding(source: Any, workers: int) -> None:
+    """Refuses a torch IterableDataset to several thread workers: it shards
+    itself with ``torch.utils.data.get_worker_info()``, which has one answer
+    per process and is None in threads, so every thread would yield the
+    whole dataset."""
+    data = sys.modules.get("torch.utils.data")
+    if workers == 1 or data is None or not isinstance(source, data.IterableDataset):
+        return
+    raise ConfigError(
+        f"worker_method='thread' with workers={workers} and a torch "
+        f"IterableDataset ({type(source).__name__}): "
+        "torch.utils.data.get_worker_info() is None in a thread, so each of "
+        f"the {workers} threads would yield the whole dataset; use "
+        "worker_method='process' (each process answers it, as under "
+        "DataLoader), or workers=1"
+    )
+
+
 def open_stream(source: Any) -> Iterator[Any]:
     """A worker's own iterator over a stream source."""
     made = source() if callable(source) else source
@@ -80,39 +99,59 @@ class ShuffleBuffer:
     ends, the buffer drains in random order. It holds references to the
     samples, never copies of them (a reader that reuses one array for every
     sample must yield a copy). ``skip(n)`` passes over n samples out, the
-    same ones a run that delivered them drew."""
+    same ones a run that delivered them drew. ``position`` is the place in
+    the worker's own stream of the sample last handed out, or of the one
+    the stream failed to make: what an error names."""
 
     def __init__(self, it: Iterator[Any], size: int, rng: np.random.Generator) -> None:
         self._it: Iterator[Any] | None = it
         self._size = size
         self._buffer: list[Any] = []
+        self._places: list[int] = []  # each buffered sample's stream place
+        self._taken = 0  # samples taken from the stream
         self._rng = rng
         self._draws = np.empty(0)
         self._next_draw = 0
+        self.position = -1
 
     def __iter__(self) -> ShuffleBuffer:
         return self
 
     def __next__(self) -> Any:
-        buffer = self._buffer
+        buffer, places = self._buffer, self._places
         while self._it is not None and len(buffer) < self._size:
-            try:
-                buffer.append(next(self._it))
-            except StopIteration:
-                self._it = None
+            sample = self._take()
+            if self._it is not None:
+                buffer.append(sample)
+                places.append(self._taken - 1)
         if not buffer:
             raise StopIteration
         j = self._draw(len(buffer))
         out = buffer[j]
+        self.position = places[j]
         if self._it is not None:
-            try:
-                buffer[j] = next(self._it)
+            sample = self._take()
+            if self._it is not None:
+                buffer[j], places[j] = sample, self._taken - 1
                 return out
-            except StopIteration:
-                self._it = None
-        buffer[j] = buffer[-1]
+        buffer[j], places[j] = buffer[-1], places[-1]
         buffer.pop()
+        places.pop()
         return out
+
+    def _take(self) -> Any:
+        """The stream's next sample; at its end, None and no stream."""
+        assert self._it is not None
+        try:
+            sample = next(self._it)
+        except StopIteration:
+            self._it = None
+            return None
+        except BaseException:
+            self.position = self._taken
+            raise
+        self._taken += 1
+        return sample
 
     def _draw(self, n: int) -> int:
         """A uniform index below n."""

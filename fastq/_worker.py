@@ -31,7 +31,7 @@ from ._seeding import mix_seed, seed_python_and_numpy
 from ._shared_arrays import Handoff, load_for_worker
 from ._shm import Region, SharedFd
 from ._spec import BatchSpec
-from ._streams import worker_stream
+from ._streams import ShuffleBuffer, worker_stream
 from ._threads import limit_threads
 from ._worker_info import WorkerInfo, _answer_for_torch, _set_worker_info
 from .errors import SpecError
@@ -299,12 +299,14 @@ def _open_stream(cfg: WorkerConfig, ring_pass: int) -> Iterator[Any]:
     )
 
 
-def _stream_position(drawn: int, row: int) -> int:
+def _stream_position(it: Iterator[Any] | None, drawn: int, row: int) -> int:
     """The failing sample's place in its worker's stream, as the slot
-    header's 32-bit sample field holds it."""
+    header's 32-bit sample field holds it: past the `drawn` samples before
+    this batch, or where a shuffle buffer took it from the stream."""
     if row < 0:
         return UNKNOWN_SAMPLE
-    return min(drawn + row, UNKNOWN_SAMPLE - 1)
+    place = it.position if isinstance(it, ShuffleBuffer) else drawn + row
+    return min(place, UNKNOWN_SAMPLE - 1) if place >= 0 else UNKNOWN_SAMPLE
 
 
 def _seed_batch(cfg: WorkerConfig, plan: Plan) -> None:
@@ -490,7 +492,7 @@ class _Producer:
             if slot < 0:
                 return
             pass_ = self.ring.pass_
-            self._report(slot, exc, 0, pass_)
+            self._report(slot, exc, UNKNOWN_SAMPLE, pass_)  # at no sample
             if self.cfg.is_map or not self._wait_for_next_pass(pass_):
                 break
         self._idle_until_closed()
@@ -617,12 +619,16 @@ class _Producer:
         or a sample of a sample stream) that inferred the spec."""
         ring = self.ring
         cfg = self.cfg
-        pass_ = ring.pass_
+        # `first`, its open iterator and a state's items belong to the
+        # ring's pass 0, whatever pass the consumer has reached by the time
+        # this worker starts (a slow worker_init, a `break` meanwhile): a
+        # later pass opens a fresh stream and resumes nothing.
+        pass_ = 0
         it: Iterator[Any] | None = None
         held = _NOTHING
         if first is not None:
             it, held = first
-        resumed = pass_, cfg.resume_items  # the state's pass, its items
+        resumed = 0, cfg.resume_items  # the ring pass a state's items are of
         drawn = 0  # samples taken from this pass's stream before this batch
         ended = False  # a sample stream that ended inside its last batch
         while True:
@@ -671,7 +677,7 @@ class _Producer:
             except Exception as exc:
                 at = 0
                 if cfg.stream_rows:
-                    at = _stream_position(drawn, self.rows.row)
+                    at = _stream_position(it, drawn, self.rows.row)
                 self._report(slot, exc, at, pass_)
                 if cfg.packed:
                     # A DataLoader's meaning: the error ends this batch, and

@@ -86,12 +86,18 @@ def _answer_for_torch(info: WorkerInfo) -> None:
     """A torch IterableDataset given to a Prefetcher shards itself with
     ``torch.utils.data.get_worker_info()``, as under DataLoader: a worker
     process answers it too. Thread workers share torch's one process-wide
-    answer, so they answer through ``fastq.get_worker_info()`` alone."""
+    answer, so they answer through ``fastq.get_worker_info()`` alone. Its
+    ``seed`` is the worker's own, ``torch.initial_seed()``, as DataLoader's
+    (base seed + worker id) is."""
     data = sys.modules.get("torch.utils.data")
     if data is None or not isinstance(info.dataset, data.IterableDataset):
         return
+    import torch
     from torch.utils.data._utils import worker
 
     worker._worker_info = worker.WorkerInfo(
-        id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+        id=info.id,
+        num_workers=info.num_workers,
+        seed=torch.initial_seed(),
+        dataset=info.dataset,
     )

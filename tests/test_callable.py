@@ -147,3 +147,29 @@ def test_worker_init_failing_in_worker_0_is_raised_at_construction() -> None:
         fastq.Prefetcher(
             ShardedFiles(4), workers=2, worker_init=_failing_init, start_method="fork"
         )
+
+
+def fails_at_worker_1s_third_batch() -> Any:
+    info = fastq.get_worker_info()
+    assert info is not None
+    for k in range(5):
+        if info.id == 1 and k == 2:
+            raise ValueError("corrupt shard")
+        yield np.full((2, 3), info.id * 10 + k, dtype=np.int32)
+
+
+def test_a_stream_error_names_the_batch_in_the_workers_own_stream(
+    started_by: dict[str, str],
+) -> None:
+    """Not the ring's count of batches, which depends on timing: the
+    place in the failing worker's own stream."""
+    source = fails_at_worker_1s_third_batch
+    with fastq.Prefetcher(source, workers=2, **started_by) as pf:
+        seen = []
+        with pytest.raises(fastq.WorkerError) as caught:
+            for batch in pf:
+                seen.append(int(batch[0, 0]))
+    where = "batch 2 of worker 1's stream in this pass: corrupt shard"
+    assert where in str(caught.value)
+    assert caught.value.worker == 1 and caught.value.task == -1
+    assert [k for k in seen if k >= 10] == [10, 11]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -154,6 +155,33 @@ def test_an_exception_arrives_at_its_batch_naming_the_sample(
     assert zeros == list(range(0, 2 * len(zeros), 2))
 
 
+class OneOdd:
+    """Sample 5 alone has another shape."""
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for k in range(10):
+            yield {"x": np.zeros(4 if k == 5 else 3, dtype=np.float32)}
+
+
+@pytest.mark.parametrize("worker_method", ["process", "thread"])
+def test_through_a_shuffle_buffer_an_error_names_the_streams_own_place(
+    worker_method: str,
+) -> None:
+    """The place named is in the worker's stream, not in the shuffled order
+    out: the sample the stream failed to make, or the one that did not
+    fit, wherever the buffer put it."""
+    kw: dict[str, Any] = {"shuffle_buffer": 8, "seed": 1}
+    kw["worker_method"] = worker_method
+    with fastq.Prefetcher(FailsAt(6), batch_size=BATCH, workers=2, **kw) as pf:
+        with pytest.raises(fastq.WorkerError, match="sample 6 of worker 1's stream"):
+            for _ in pf:
+                pass
+    with fastq.Prefetcher(OneOdd(), batch_size=2, workers=1, **kw) as pf:
+        with pytest.raises(fastq.SpecError, match="sample 5 of worker 0's stream"):
+            for _ in pf:
+                pass
+
+
 class ChangesShape:
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         for k in range(10):
@@ -201,7 +229,8 @@ def test_a_shuffle_buffer_delivers_every_sample_once_mixed(
         for w in (0, 1):
             mine = list(range(w, SAMPLES, 2))
             assert sorted(streams[w]) == mine and streams[w] != mine
-    assert first != second  # another pass, another shuffle
+    # Another pass, another shuffle of each worker's samples.
+    assert per_worker(first, 2) != per_worker(second, 2)
 
 
 def test_a_shuffle_is_the_same_for_the_same_seed_and_workers() -> None:
@@ -250,6 +279,44 @@ def test_a_state_resumes_the_rest_of_the_pass_with_any_batch_size(
     for w in (0, 1):
         mine = [i for i in seen if i % 2 == w] + [i for i in rest if i % 2 == w]
         assert mine == never_stopped[w]
+
+
+def late_worker_1(worker_id: int) -> None:
+    if worker_id == 1:
+        time.sleep(1.0)  # the consumer breaks and starts pass 1 meanwhile
+
+
+@pytest.mark.parametrize("worker_method", ["process", "thread"])
+@pytest.mark.parametrize(
+    ("shuffle_buffer", "items"),
+    [(None, None), (8, None), (None, [4, 4]), (8, [4, 4])],
+    ids=["plain", "shuffled", "resumed", "shuffled-resumed"],
+)
+def test_a_worker_that_starts_after_a_break_joins_the_new_pass_whole(
+    worker_method: str, shuffle_buffer: int | None, items: list[int] | None
+) -> None:
+    """Worker 1 starts after the consumer broke out of pass 0: its first
+    sample and a state's items belong to pass 0, so pass 1 is its whole
+    stream, in pass 1's order (a shuffle buffer's order for pass 1)."""
+    kw: dict[str, Any] = {
+        "batch_size": BATCH,
+        "workers": 2,
+        "shuffle_buffer": shuffle_buffer,
+        "seed": 3,
+        "worker_method": worker_method,
+    }
+    with fastq.Prefetcher(Sharded(), **kw) as pf:
+        state = pf.state_dict()
+        ids_of(pf)
+        never_stopped = per_worker(ids_of(pf), 2)
+    if items is not None:
+        state["items"] = items
+    with fastq.Prefetcher(
+        Sharded(), state=state, worker_init=late_worker_1, **kw
+    ) as pf:
+        for _ in pf:
+            break
+        assert per_worker(ids_of(pf), 2) == never_stopped
 
 
 def test_a_state_of_whole_batches_is_refused_by_a_sample_stream() -> None:
@@ -327,3 +394,40 @@ def test_a_torch_iterable_dataset_shards_itself_as_under_dataloader() -> None:
         TorchSharded(), batch_size=BATCH, workers=2, start_method="fork"
     ) as pf:
         assert sorted(i for b in ids_of(pf) for i in b) == list(range(SAMPLES))
+
+
+def test_torch_worker_info_seed_is_each_workers_own() -> None:
+    """As under DataLoader: torch's WorkerInfo.seed is the worker's
+    torch.initial_seed(), another in each worker."""
+    torch = pytest.importorskip("torch")
+
+    class Seeds(torch.utils.data.IterableDataset):  # type: ignore[misc]
+        def __iter__(self) -> Iterator[np.ndarray]:
+            info = torch.utils.data.get_worker_info()
+            yield np.array([info.id, info.seed, torch.initial_seed()], dtype=np.int64)
+
+    with fastq.Prefetcher(Seeds(), batch_size=1, workers=2, start_method="fork") as pf:
+        rows = {int(b[0, 0]): b[0, 1:].tolist() for b in pf}
+    assert sorted(rows) == [0, 1]
+    assert all(seed == initial for seed, initial in rows.values())
+    assert rows[0][0] != rows[1][0]
+
+
+def test_a_torch_iterable_dataset_is_refused_to_several_thread_workers() -> None:
+    """torch's get_worker_info() is None in a thread: every thread would
+    yield the whole dataset. One thread worker is a whole stream, once."""
+    torch_data = pytest.importorskip("torch.utils.data")
+
+    class Whole(torch_data.IterableDataset):  # type: ignore[misc]
+        def __iter__(self) -> Iterator[tuple[np.int64, np.ndarray]]:
+            return iter(Sharded())
+
+    with pytest.raises(
+        fastq.ConfigError,
+        match=r"worker_method='thread' with workers=2.*Whole.*worker_method='process'",
+    ):
+        fastq.Prefetcher(Whole(), batch_size=BATCH, workers=2, worker_method="thread")
+    with fastq.Prefetcher(
+        Whole(), batch_size=BATCH, workers=1, worker_method="thread"
+    ) as pf:
+        assert [i for b in ids_of(pf) for i in b] == list(range(SAMPLES))
