@@ -1,6 +1,7 @@
-"""Builds the compiled modules from src_c/: fastq._ring (the ring),
-fastq._rows (the producer's copies into slots) and fastq._seeding (the
-per-batch seeds of a worker's global generators)."""
+"""Builds the compiled modules from src_c/: fastq._ring (the ring, and the
+consumer's batch views over its slots), fastq._rows (the producer's copies
+into slots) and fastq._seeding (the per-batch seeds of a worker's global
+generators)."""
 
 import numpy
 from Cython.Build import cythonize
@@ -11,8 +12,14 @@ CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra"]
 ring = Extension(
     "fastq._ring",
     sources=["src_c/_ring.pyx", "src_c/fq_ring.c"],
-    include_dirs=["src_c"],
-    depends=["src_c/fq_ring.h", "src_c/fq_ring.pxd", "src_c/_consumer.pxi"],
+    include_dirs=["src_c", numpy.get_include()],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    depends=[
+        "src_c/fq_ring.h",
+        "src_c/fq_ring.pxd",
+        "src_c/_consumer.pxi",
+        "src_c/_views.pxi",
+    ],
     extra_compile_args=CFLAGS,
 )
 

@@ -29,10 +29,10 @@ from ._ring import (
     OWNER_FREE,
     OWNER_READY,
     OWNER_WORKER,
-    READY,
     SLOT_BATCH,
     SLOT_END,
     SLOT_ERROR,
+    BatchViews,
     Consumer,
     Ring,
     SlotLease,
@@ -93,6 +93,7 @@ class Feed:
         fatal_errors: bool = True,
         indices_of: Any = None,
         sample_stream: bool = False,
+        views: BatchViews | None = None,
     ) -> None:
         self.ring = ring
         self.consumer = Consumer(ring)
@@ -108,7 +109,11 @@ class Feed:
         # A stream of samples, batch_size to a batch: its state counts
         # samples, its errors name a sample of the worker's stream.
         self.sample_stream = sample_stream
+        self.consumer.count_rows = sample_stream
         self.indices_of = indices_of
+        # Makes a plain batch in compiled code (None: every batch takes the
+        # full path: packed, jagged, or copied out).
+        self.views = views
         self.packed = isinstance(spec, PackedSpec)
         self.live = 0  # which `for` loop is current
         # The loop that was current when the Prefetcher closed (or this
@@ -135,19 +140,13 @@ class Feed:
         self.epoch_handed0 = 0
         self.delivered: set[int] | None = None
         self.pass_started = False  # callable: pass 0 not yet handed out
-        # Callable: the items of each worker's stream handed out in the
-        # current pass (with a resumed state's, delivered before it), and
-        # the state's counts for the next pass to start from.
+        # Callable: the state's counts for the next pass to start from (the
+        # Consumer counts each worker's items handed out in the current
+        # pass, with a resumed state's, delivered before it).
         self.in_pass = False
-        self.pass_items: list[int] = []
         self.resume_items: list[int] | None = None
         self.first_pass = 0  # the number of the ring's pass 0 (a state's)
-        # Stats, updated at each hand-out.
-        self.n_batches = 0
-        self.n_bytes = 0
-        self.wait_ns = 0
-        self.occupancy = 0
-        self.t_first = 0.0
+        self.wait_ns = 0  # stats: waiting for batches, after the first
 
     # ------------------------------------------------------------ passes
 
@@ -189,7 +188,7 @@ class Feed:
             self.ring.set_pass(c.pass_)
         self.pass_started = True
         self.in_pass = True
-        self.pass_items = self.resume_items or [0] * self.pool.size
+        c.items = self.resume_items or [0] * self.pool.size
         self.resume_items = None
         return _PassIterator(self, self.live, c.ends)
 
@@ -199,7 +198,7 @@ class Feed:
         used), where the next pass starts."""
         c = self.consumer
         if self.in_pass:
-            return StreamResume(self.first_pass + c.pass_, list(self.pass_items))
+            return StreamResume(self.first_pass + c.pass_, c.items)
         following = c.pass_ + 1 if self.pass_started else c.pass_
         items = self.resume_items or [0] * self.pool.size
         return StreamResume(self.first_pass + following, list(items))
@@ -272,7 +271,7 @@ class Feed:
                 )
             elif self.timeout is not None and time.monotonic() >= deadline:
                 self.host._fail(self.timeout_error())
-        if t0 and self.n_batches:  # the first batch's wait is start-up
+        if t0 and c.delivered:  # the first batch's wait is start-up
             self.wait_ns += time.perf_counter_ns() - t0
         return c.lease()
 
@@ -288,8 +287,6 @@ class Feed:
             raise error
         if lease.kind != SLOT_BATCH:
             raise RingError(f"slot {lease.slot} of kind {lease.kind} handed out")
-        if self.n_batches == 0:
-            self.t_first = time.perf_counter()
         rows = lease.rows
         nbytes = rows * self.spec.row_bytes
         if self.packed:
@@ -302,9 +299,7 @@ class Feed:
                 arrays = [a.copy() for a in arrays]
                 lease.release()
             batch = self.host._make_batch(arrays)
-        self.n_batches += 1
-        self.n_bytes += nbytes
-        self.occupancy += self.ring.depth(READY) + self.consumer.in_window
+        self.consumer.count_delivery(nbytes)
         return batch
 
     # ------------------------------------------------------------ census
@@ -363,7 +358,7 @@ class Feed:
             # A stream: the ring's task count means nothing to the user;
             # the place in the worker's own stream does (each worker's
             # items are handed out in its order, the failed batch counted).
-            stream_place = self.pass_items[worker] if self.pass_items else 0
+            stream_place = self.consumer.items[worker]
             if not self.sample_stream:
                 stream_place = max(0, stream_place - 1)
         return batch_error(
@@ -521,10 +516,29 @@ class _EpochIterator:
 
     def __next__(self) -> Any:
         feed = self._feed
+        c = feed.consumer
+        views = feed.views
+        if (
+            views is not None
+            and self._token == feed.live
+            and c.handed - self._handed0 < self._count
+            and feed.pool.failure is None
+        ):
+            # The steady state: the batch is here; one compiled call.
+            batch = c.hand_out_ready(
+                self._lo,
+                self._hi,
+                feed.ordered,
+                views,
+                False,
+                feed.delivered,
+                self._skip,
+            )
+            if batch is not None:
+                return batch
         if self._token != feed.live:
             feed.check_closed(self._token)
             raise StopIteration
-        c = feed.consumer
         while True:
             if c.handed - self._handed0 >= self._count:
                 feed.epoch_done = True
@@ -548,12 +562,13 @@ class _PassIterator:
     """One pass over a callable source: until every worker's iterator has
     ended. Usable after an exception, like _EpochIterator."""
 
-    __slots__ = ("_ends0", "_feed", "_token")
+    __slots__ = ("_ends0", "_feed", "_token", "_workers")
 
     def __init__(self, feed: Feed, token: int, ends0: int) -> None:
         self._feed = feed
         self._token = token
         self._ends0 = ends0
+        self._workers = feed.pool.size
 
     def __iter__(self) -> _PassIterator:
         return self
@@ -561,7 +576,18 @@ class _PassIterator:
     def __next__(self) -> Any:
         feed = self._feed
         c = feed.consumer
-        workers = feed.pool.size
+        workers = self._workers
+        views = feed.views
+        if (
+            views is not None
+            and self._token == feed.live
+            and c.ends - self._ends0 < workers
+            and feed.pool.failure is None
+        ):
+            # The steady state: the batch is here; one compiled call.
+            batch = c.hand_out_ready(0, _ALL_TASKS, feed.ordered, views, True)
+            if batch is not None:
+                return batch
         while self._token == feed.live and c.ends - self._ends0 < workers:
             lease = feed.next_lease(0, _ALL_TASKS)
             if lease.pass_ < c.pass_ or lease.kind == SLOT_END:
@@ -570,7 +596,7 @@ class _PassIterator:
                 continue
             # A sample stream's state counts samples: it resumes with any
             # batch size.
-            feed.pass_items[lease.worker] += lease.rows if feed.sample_stream else 1
+            c.count_item(lease.worker, lease.rows)
             batch = feed.hand_out(lease)
             c.pending = -1
             return batch

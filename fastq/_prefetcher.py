@@ -18,7 +18,7 @@ import numpy as np
 
 from ._consumer import Feed
 from ._pool import WorkerPool, get_context
-from ._ring import MAX_SLOTS, MAX_WORKERS, Ring, region_size
+from ._ring import MAX_SLOTS, MAX_WORKERS, BatchViews, Ring, region_size
 from ._sampler import EpochSampler
 from ._shm import PAGE_SIZE, Region
 from ._spec import BatchSpec
@@ -440,6 +440,7 @@ class Prefetcher:
             spin_s=_SPIN_NS / 1e9,
             host=weakref.proxy(self),
             sample_stream=bool(self._stream_rows),
+            views=self._batch_views(),
         )
         if resume is not None:
             self._resume_at(resume)
@@ -637,6 +638,17 @@ class Prefetcher:
             return self._feed.begin_epoch()
         return self._feed.begin_pass()
 
+    def _batch_views(self) -> BatchViews | None:
+        """How the consumer makes a plain batch in compiled code; None where
+        each batch takes the full path (copied out, jagged or packed)."""
+        spec = self._spec
+        if self.copy or not isinstance(spec, BatchSpec) or spec.jagged:
+            return None
+        if type(self)._make_batch is not Prefetcher._make_batch:
+            host = weakref.proxy(self)  # the views must not keep self alive
+            return spec.batch_views(lambda arrays: host._make_batch(arrays))
+        return spec.batch_views(None)
+
     def _make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
         """Turns one batch's leaf arrays (slot views, or copies) into what
         the iteration yields. Subclasses convert them (fastq.torch)."""
@@ -737,8 +749,9 @@ class Prefetcher:
             with ``pid``, ``batches``, ``busy_s``, ``wait_s`` and ``task``.
         """
         feed = self._feed
-        n = feed.n_batches
-        elapsed = time.perf_counter() - feed.t_first if n else 0.0
+        c = feed.consumer
+        n = c.delivered
+        elapsed = (time.monotonic_ns() - c.t_first_ns) / 1e9 if n else 0.0
         per_worker = []
         if self._pool is not None:
             held = dict(self._pool.holders())
@@ -755,14 +768,14 @@ class Prefetcher:
                 )
         return {
             "batches": n,
-            "bytes": feed.n_bytes,
+            "bytes": c.delivered_bytes,
             "seconds": elapsed,
             "batches_per_s": n / elapsed if elapsed > 0 else 0.0,
-            "gb_per_s": feed.n_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
+            "gb_per_s": c.delivered_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
             "wait_share": min(1.0, feed.wait_ns / 1e9 / elapsed)
             if elapsed > 0
             else 0.0,
-            "mean_ready": feed.occupancy / n if n else 0.0,
+            "mean_ready": c.occupancy / n if n else 0.0,
             "slots": self.slots,
             "workers": per_worker,
         }

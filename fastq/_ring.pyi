@@ -1,4 +1,6 @@
-# Type stubs for the compiled ring (src_c/_ring.pyx, src_c/_consumer.pxi).
+# Type stubs for the compiled ring (src_c/_ring.pyx, src_c/_consumer.pxi,
+# src_c/_views.pxi).
+from collections.abc import Callable
 from typing import Any
 
 FREE: int
@@ -21,6 +23,10 @@ LOCAL_WINDOW: int
 LOCAL_PENDING: int
 LOCAL_LEASED: int
 LOCAL_DEFERRED: int
+BATCH_ARRAY: int
+BATCH_TUPLE: int
+BATCH_DICT: int
+BATCH_CALL: int
 
 def region_size(nslots: int, nworkers: int, slot_bytes: int, page_size: int) -> int: ...
 def inject_fault(point: str, countdown: int, signum: int) -> None: ...
@@ -94,6 +100,17 @@ class SlotView:
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int) -> memoryview: ...
 
+class BatchViews:
+    row_bytes: int
+    def __init__(
+        self,
+        fields: list[tuple[int, tuple[int, ...], Any]],
+        form: int,
+        keys: Any = None,
+        finish: Callable[[list[Any]], Any] | None = None,
+        row_bytes: int = 0,
+    ) -> None: ...
+
 class Consumer:
     ring: Ring
     in_window: int
@@ -104,6 +121,12 @@ class Consumer:
     handed: int
     ends: int
     pending: int
+    delivered: int
+    delivered_bytes: int
+    occupancy: int
+    t_first_ns: int
+    count_rows: bool
+    items: list[int]
     def __init__(self, ring: Ring) -> None: ...
     def take(self, lo: int, hi: int, ordered: bool) -> bool: ...
     def wait(
@@ -111,6 +134,18 @@ class Consumer:
     ) -> int: ...
     def drop_below(self, task: int) -> None: ...
     def lease(self) -> SlotLease: ...
+    def hand_out_ready(
+        self,
+        lo: int,
+        hi: int,
+        ordered: bool,
+        views: BatchViews,
+        this_pass: bool,
+        delivered: set[int] | None = None,
+        skip: frozenset[int] | None = None,
+    ) -> Any: ...
+    def count_delivery(self, nbytes: int) -> None: ...
+    def count_item(self, worker: int, rows: int) -> None: ...
     def local_states(self) -> bytes: ...
     def audit(self) -> tuple[int, int]: ...
 

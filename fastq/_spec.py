@@ -3,7 +3,7 @@ the checks that keep every write inside it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ from ._jagged import (
     over_budget,
     sample_rows,
 )
+from ._ring import BATCH_ARRAY, BATCH_CALL, BATCH_DICT, BATCH_TUPLE, BatchViews
 from .errors import SpecError
 
 FIELD_ALIGN = 64
@@ -403,6 +404,25 @@ class BatchSpec:
         if self.flat:
             return tuple(leaves)
         return _unflatten(self.structure, iter(leaves))
+
+    def batch_views(self, finish: Callable[[list[Any]], Any] | None) -> BatchViews:
+        """The consumer's compiled maker of this spec's batches (fixed
+        fields only) over a slot: one array, a flat tuple or a flat dict is
+        made in C; otherwise ``finish(arrays)``, or ``unflatten``, makes the
+        batch of the field arrays."""
+        fields = [(f.offset, f.shape, f.dtype) for f in self.fields]
+        structure = self.structure
+        if finish is None:
+            if structure is None:
+                return BatchViews(fields, BATCH_ARRAY, row_bytes=self.row_bytes)
+            if self.flat:
+                return BatchViews(fields, BATCH_TUPLE, row_bytes=self.row_bytes)
+            if structure[0] == "dict" and all(c is None for c in structure[2]):
+                return BatchViews(
+                    fields, BATCH_DICT, keys=structure[1], row_bytes=self.row_bytes
+                )
+            finish = self.unflatten
+        return BatchViews(fields, BATCH_CALL, finish=finish, row_bytes=self.row_bytes)
 
     # ---------------------------------------------------------------- views
 

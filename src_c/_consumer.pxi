@@ -73,6 +73,17 @@ cdef class Consumer:
     cdef readonly uint64_t handed     # batches handed out (or dropped)
     cdef readonly uint64_t ends       # end markers of the current pass seen
     cdef unsigned long fork_gen
+    # Batches handed out (not dropped), their bytes, the ready batches
+    # (READY and window) summed at each, and when the first went: stats.
+    cdef readonly uint64_t delivered
+    cdef readonly uint64_t delivered_bytes
+    cdef readonly uint64_t occupancy
+    cdef readonly int64_t t_first_ns  # CLOCK_MONOTONIC, as time.monotonic_ns
+    # Stream sources: each worker's items handed out in the current pass
+    # (batches, or rows of a sample stream with count_rows), for the state.
+    cdef uint64_t *items
+    cdef uint32_t nitems
+    cdef public bint count_rows
 
     def __cinit__(self, Ring ring):
         cdef uint32_t n = ring.ring.ctrl.nslots
@@ -86,8 +97,10 @@ cdef class Consumer:
         self.refs = <uint32_t *>malloc(n * sizeof(uint32_t))
         self.by_task = <int32_t *>malloc(cap * sizeof(int32_t))
         self.deferred = <uint32_t *>malloc(n * sizeof(uint32_t))
+        self.nitems = ring.ring.ctrl.nworkers
+        self.items = <uint64_t *>calloc(self.nitems or 1, sizeof(uint64_t))
         if (self.state == NULL or self.refs == NULL or self.by_task == NULL
-                or self.deferred == NULL):
+                or self.deferred == NULL or self.items == NULL):
             raise MemoryError()
         cdef uint32_t i
         for i in range(n):
@@ -103,12 +116,16 @@ cdef class Consumer:
         free(self.refs)
         free(self.by_task)
         free(self.deferred)
+        free(self.items)
 
     # ------------------------------------------------------------ taking
 
     def take(self, uint64_t lo, uint64_t hi, bint ordered):
         """True when a batch is pending (taken now, or left pending by an
         interrupted hand-out); False if it has not arrived yet."""
+        return self._take(lo, hi, ordered)
+
+    cdef bint _take(self, uint64_t lo, uint64_t hi, bint ordered) except -1:
         cdef uint32_t s
         cdef int32_t w
         cdef uint64_t t
@@ -230,6 +247,9 @@ cdef class Consumer:
     def pending(self, int64_t value):
         if value != -1:
             raise ValueError("pending can only be set to -1 (handed out)")
+        self._hand_out_pending()
+
+    cdef void _hand_out_pending(self) noexcept:
         cdef int64_t s = self._pending
         if s < 0:
             return
@@ -248,6 +268,9 @@ cdef class Consumer:
     def lease(self):
         """A SlotLease over the pending slot; its header fields come with
         it. The slot stays the consumer's while any lease of it lives."""
+        return self._lease()
+
+    cdef SlotLease _lease(self):
         if self._pending < 0:
             raise RingError("no batch is pending")
         cdef uint32_t s = <uint32_t>self._pending
@@ -264,6 +287,69 @@ cdef class Consumer:
         v.payload_bytes = h.payload_bytes
         self.refs[s] += 1
         return v
+
+    def hand_out_ready(self, uint64_t lo, uint64_t hi, bint ordered,
+                       BatchViews views, bint this_pass, set delivered=None,
+                       frozenset skip=None):
+        """The next batch among tasks [lo, hi), taken, made by ``views`` and
+        handed out in one compiled call, when it is already here and is a
+        batch (of the current pass, with ``this_pass``; not in ``skip``);
+        else None, with whatever was taken left pending for the full path
+        (which waits, and raises errors, counts end markers and drops stale
+        batches). Its task joins ``delivered``. No Python code runs between
+        the take and the hand-out but the views' own allocations, so an
+        interrupt cannot split them; a failure there leaves the batch
+        pending, as an interrupted hand-out does."""
+        if not self._take(lo, hi, ordered):
+            return None
+        cdef uint32_t s = <uint32_t>self._pending
+        cdef fq_slot_header *h = &self.ring.ring.headers[s]
+        cdef uint64_t task = fq_slot_task(&self.ring.ring, s)
+        if h.kind != FQ_SLOT_BATCH or (this_pass and h.pass_ != self.pass_):
+            return None
+        if skip and task in skip:
+            return None
+        cdef SlotLease lease = self._lease()
+        batch = views.make(lease, fq_slot_data(&self.ring.ring, s),
+                           <cnp.npy_intp>h.rows)
+        if self.items != NULL and <uint32_t>h.worker < self.nitems:
+            self.items[h.worker] += h.rows if self.count_rows else 1
+        if delivered is not None:
+            delivered.add(task)
+        self._count_delivery(h.rows * views.row_bytes)
+        self._hand_out_pending()
+        return batch
+
+    def count_delivery(self, uint64_t nbytes):
+        """Counts a batch the full path hands out (stats)."""
+        self._count_delivery(nbytes)
+
+    cdef void _count_delivery(self, uint64_t nbytes) noexcept:
+        cdef timespec now
+        if self.delivered == 0:
+            clock_gettime(CLOCK_MONOTONIC, &now)
+            self.t_first_ns = now.tv_sec * 1_000_000_000 + now.tv_nsec
+        self.delivered += 1
+        self.delivered_bytes += nbytes
+        self.occupancy += fq_depth(&self.ring.ring, FQ_READY) + self.in_window
+
+    @property
+    def items(self):
+        """Each worker's items handed out in the current pass (a list)."""
+        return [self.items[i] for i in range(self.nitems)]
+
+    @items.setter
+    def items(self, values):
+        if len(values) != self.nitems:
+            raise ValueError(f"{len(values)} counts for {self.nitems} workers")
+        cdef uint32_t i
+        for i in range(self.nitems):
+            self.items[i] = values[i]
+
+    def count_item(self, uint32_t worker, uint64_t rows):
+        """Counts an item the full path hands out: a batch, or its rows."""
+        if worker < self.nitems:
+            self.items[worker] += rows if self.count_rows else 1
 
     cdef void _drop_ref(self, uint32_t s) noexcept:
         if self.fork_gen != _fork_generation:

@@ -11,7 +11,8 @@ from cpython.buffer cimport (
 )
 from cpython.exc cimport PyErr_CheckSignals, PyErr_SetFromErrno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from fq_ring cimport *
 
@@ -414,4 +415,5 @@ cdef class SlotView:
         return self.ring.ring.ctrl.slot_bytes
 
 
+include "_views.pxi"
 include "_consumer.pxi"
