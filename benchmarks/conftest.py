@@ -196,6 +196,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
         table = {
             "latency": report.latency_table,
+            "handover": report.handover_table,
             "startup": report.startup_table,
             "steady": report.steady_table,
         }.get(section, report.throughput_table)

@@ -29,6 +29,10 @@ COMPUTE_WORKLOAD = "compute"
 # when the ring runs empty (or full). With a spin longer than any wait, no
 # waiter ever sleeps, so whatever is left is the data path's own cost.
 STEADY_WORKLOADS = ("small", "imagenet")
+# The consumer's own cost per batch: each next() timed alone while the
+# producer is ahead by a deep ring's worth (every call finds its batch).
+HANDOVER_WORKLOADS = ("small", "medium")
+HANDOVER_SLOTS = 16
 STEADY_LONG_SPIN_US = 20_000
 
 
@@ -49,6 +53,15 @@ def throughput(
 def latency(transports: Sequence[str], slots: int | None) -> list[Case]:
     return [
         Case(t, LATENCY_WORKLOAD, 1, slots or 2, pace_s=LATENCY_PACE_S)
+        for t in transports
+        if t != "memcpy-hot"
+    ]
+
+
+def handover(transports: Sequence[str], slots: int | None) -> list[Case]:
+    return [
+        Case(t, s, 1, slots or HANDOVER_SLOTS)
+        for s in HANDOVER_WORKLOADS
         for t in transports
         if t != "memcpy-hot"
     ]

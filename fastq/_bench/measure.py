@@ -30,6 +30,9 @@ class Options:
     perf: bool = False  # count system calls with `perf stat`
     consumer_step_s: float = 0  # busy work per batch in the consumer
     first_only: bool = False  # stop after the first batch (start-up runs)
+    # Time each next() alone, with the producers ahead (the hand-over
+    # section): the consumer's own cost per batch, no waiting in it.
+    drain: bool = False
     note: str = ""  # added to the result's notes
     # FASTQ_SPIN_US for the case's process (isolated runs only): how long
     # fastq's waiters spin before they sleep.
@@ -60,6 +63,7 @@ class Result:
     producers: Side = field(default_factory=Side)
     pss_bytes: int = 0
     latency_us: dict[str, float] = field(default_factory=dict)
+    next_us: dict[str, float] = field(default_factory=dict)  # drain runs
     mean_ready: float | None = None
     busy_before: float | None = None  # share of the CPUs busy before it ran
     repeats: list[float] = field(default_factory=list)  # batches/s of each run
@@ -180,6 +184,34 @@ class Meter:
         self.result.seconds += dt
         return dt
 
+    def drain(self, budget: Budget, rate: float) -> None:
+        """Rounds of: let the producers fill every slot (nothing is taken
+        meanwhile), then time each next() alone while the batches last.
+        Each call finds its batch waiting, so its time is the consumer's
+        own cost of a batch; `rate` (batches/s, free-running) sizes the
+        pause."""
+        it = self.it
+        ahead = max(1, self.case.slots - 1)
+        fill_s = min(0.5, 2.0 * ahead / max(rate, 1.0) + 0.002)
+        times: list[int] = []
+        t_end = time.perf_counter() + budget.seconds
+        clock = time.perf_counter_ns
+        while time.perf_counter() < t_end or len(times) < 100:
+            time.sleep(fill_s)
+            for _ in range(ahead):
+                t = clock()
+                self.batch = next(it)
+                times.append(clock() - t)
+            read_stamp(first_leaf(self.batch))
+        times.sort()
+        q = len(times)
+        self.result.next_us = {
+            "p50": times[q // 2] / 1e3,
+            "p90": times[min(q - 1, q * 9 // 10)] / 1e3,
+            "calls": float(q),
+        }
+        self.result.batches += q
+
     def start_counting(self) -> None:
         me = os.getpid()
         self._producers = procstat.children_of(me)
@@ -257,6 +289,10 @@ def run(case: Case, budget: Budget, options: Options | None = None) -> Result:
         if options.first_only:
             return meter.result
         per_block = meter.warm_up(budget)
+        if options.drain:
+            meter.block(per_block)
+            meter.drain(budget, meter.result.batches_per_s)
+            return meter.result
         meter.start_counting()
         for _ in range(max(1, budget.blocks)):
             meter.block(per_block)

@@ -154,6 +154,32 @@ def latency_table(results: Sequence[Result]) -> str:
     return _render(results, cols)
 
 
+def handover_table(results: Sequence[Result]) -> str:
+    """Time inside next() with the batch already waiting, per shape, with
+    the ratio of each median to memcpy's and the blocking queue's."""
+
+    def p50(key: str, shape: str) -> float | None:
+        for r in results:
+            if r.case["transport"] == key and r.case["workload"] == shape:
+                return r.next_us.get("p50")
+        return None
+
+    def ratio(r: Result, key: str) -> str:
+        mine, theirs = r.next_us.get("p50"), p50(key, r.case["workload"])
+        return f"{mine / theirs:.2f}" if mine and theirs else "-"
+
+    cols: list[Column] = [
+        ("transport", 28, lambda r: r.label),
+        ("shape", 7, lambda r: r.case["workload"]),
+        ("next() p50 us", 13, lambda r: _fmt(r.next_us.get("p50"), ".2f")),
+        ("p90 us", 8, lambda r: _fmt(r.next_us.get("p90"), ".2f")),
+        ("x memcpy", 9, lambda r: ratio(r, MEMCPY)),
+        ("x queue", 8, lambda r: ratio(r, QUEUE)),
+        ("calls", 7, lambda r: _fmt(r.next_us.get("calls"), ".0f")),
+    ]
+    return _render(results, cols)
+
+
 def startup_table(results: Sequence[Result]) -> str:
     """Results of repeated runs per transport: median time to first batch."""
     groups: dict[str, list[Result]] = {}

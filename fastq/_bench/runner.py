@@ -23,6 +23,7 @@ from .workloads import DEFAULT_WORKLOAD, SHAPES, WORKLOADS
 SECTIONS = (
     "throughput",
     "latency",
+    "handover",
     "startup",
     "steady",
     "compute",
@@ -107,7 +108,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=SECTIONS,
         dest="sections",
         help="what to measure, repeatable (default: throughput): "
-        "latency = hand-over of paced small batches; startup = time "
+        "latency = hand-over of paced small batches; handover = the "
+        "consumer's own cost per batch, time inside next() with the batch "
+        "waiting (small and medium shapes); startup = time "
         "to first batch under spawn; steady = system calls and page "
         "faults per batch (perf); compute = compute-bound workers (numpy "
         "augmentation); decode = compute-bound workers inflating images "
@@ -351,6 +354,23 @@ def main(argv: list[str] | None = None) -> int:
                     f"{cases.LATENCY_PACE_S * 1e3:g} ms, time from 'batch made' in the "
                     "producer to 'batch in hand' in the consumer",
                     report.latency_table(out) + "\n",
+                ]
+            ),
+        )
+    if "handover" in sections:
+        add(
+            "handover",
+            [
+                (c, Options(drain=True), None)
+                for c in cases.handover(transports, args.slots)
+            ],
+            lambda out: text.extend(
+                [
+                    "The consumer's cost per batch: each next() timed alone, "
+                    f"the producer {cases.HANDOVER_SLOTS - 1} batches ahead "
+                    "(every call finds its batch waiting; memcpy: the consumer "
+                    "copies the batch's bytes itself; x = ratio of medians)",
+                    report.handover_table(out) + "\n",
                 ]
             ),
         )
