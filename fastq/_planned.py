@@ -318,7 +318,7 @@ class PlannedPrefetcher(Prefetcher):
             assert held is not None
             feed.consumer.next_task = held.task
             self._fill()
-        self._pool.send_region(self._region, size, spec, ring, plan)
+        self._pool.send_region(self._region, self._region.size, spec, ring, plan)
 
     def _check_rows(self, indices: Sequence[Any]) -> None:
         if len(indices) > self.max_rows:

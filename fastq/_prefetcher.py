@@ -20,7 +20,7 @@ from ._consumer import Feed
 from ._pool import WorkerPool, get_context
 from ._ring import MAX_SLOTS, MAX_WORKERS, BatchViews, Ring, region_size
 from ._sampler import EpochSampler
-from ._shm import PAGE_SIZE, Region
+from ._shm import PAGE_SIZE, Region, huge_bytes_mapped
 from ._spec import BatchSpec
 from ._state import (
     Resume,
@@ -483,7 +483,7 @@ class Prefetcher:
         self._ring = Ring.create(
             self._region.mapping, ring_slots, workers, slot_bytes, PAGE_SIZE, _SPIN_NS
         )
-        return size
+        return self._region.size  # whole huge pages, where it has them
 
     # ------------------------------------------------------------ spec
 
@@ -745,8 +745,11 @@ class Prefetcher:
             ``batches``, ``bytes``, ``seconds`` (since the first batch),
             ``batches_per_s``, ``gb_per_s``, ``wait_share`` (fraction of that
             time the consumer spent waiting), ``mean_ready`` (batches ready
-            when one was taken), ``slots``, and ``workers``: a list of dicts
-            with ``pid``, ``batches``, ``busy_s``, ``wait_s`` and ``task``.
+            when one was taken), ``slots``, ``pages`` (what backs the ring:
+            ``kind`` "hugetlb", "transparent huge pages" or "base pages",
+            its ``bytes``, and the ``huge_bytes`` this process maps with huge
+            pages), and ``workers``: a list of dicts with ``pid``,
+            ``batches``, ``busy_s``, ``wait_s`` and ``task``.
         """
         feed = self._feed
         c = feed.consumer
@@ -777,7 +780,20 @@ class Prefetcher:
             else 0.0,
             "mean_ready": c.occupancy / n if n else 0.0,
             "slots": self.slots,
+            "pages": self._pages(),
             "workers": per_worker,
+        }
+
+    def _pages(self) -> dict[str, Any]:
+        """What backs the ring: its kind, and the bytes of it this process
+        maps with huge pages (from /proc/self/smaps)."""
+        region = self._region
+        if region is None:
+            return {"kind": None, "bytes": 0, "huge_bytes": 0}
+        return {
+            "kind": region.pages,
+            "bytes": region.size,
+            "huge_bytes": huge_bytes_mapped(region.mapping),
         }
 
 

@@ -2,13 +2,24 @@
 
 No name ever exists (memfd on Linux, an unlinked temporary file elsewhere), so
 nothing can leak even when every process is killed with SIGKILL.
+
+Large regions are backed by huge pages where the system offers them, so that
+a batch's copy does not stop at every 4 KiB page boundary (a TLB miss, and
+the hardware prefetchers stop there): hugetlb pages when enough are free
+(``MFD_HUGETLB``), else transparent huge pages for shared memory where
+``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` allows them (asked for
+with ``MADV_HUGEPAGE`` where it says ``advise`` or ``within_size``), else
+ordinary pages. Nothing is an error where a feature is missing; the region
+says which it got (``Region.pages``, in ``Prefetcher.stats()``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
+import sys
 import tempfile
 from multiprocessing import reduction
 from typing import Any
@@ -19,20 +30,55 @@ PAGE_SIZE = mmap.PAGESIZE
 # MAP_POPULATE pre-faults the whole mapping in each process at mmap time, so
 # no batch pays a page fault (Linux only; elsewhere pages fault in lazily).
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+_THP_SHMEM = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+# Linux's madvise(2) values, where this Python's mmap module lacks them.
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+_MFD_HUGETLB = getattr(os, "MFD_HUGETLB", 4)
+# What backs a region (Region.pages).
+PAGES_HUGETLB = "hugetlb"
+PAGES_THP = "transparent huge pages"
+PAGES_BASE = "base pages"
+
+
+def huge_page_size() -> int:
+    """The system's default huge page size (2 MiB on x86-64)."""
+    return _meminfo().get("Hugepagesize", 2048) * 1024
+
+
+def _meminfo() -> dict[str, int]:
+    """/proc/meminfo's numbers (kB, or counts), by name; {} if unreadable."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                with contextlib.suppress(ValueError, IndexError):
+                    out[name] = int(rest.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def shmem_thp_mode() -> str:
+    """The selected word of shmem_enabled (always, within_size, advise,
+    never, deny, force); "never" where it cannot be read."""
+    try:
+        with open(_THP_SHMEM) as f:
+            text = f.read()
+    except OSError:
+        return "never"
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else "never"
 
 
 def available_memory() -> int | None:
     """Bytes that can still be allocated: MemAvailable, capped by the
     cgroup's memory limit; None where neither can be read."""
     candidates = []
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    candidates.append(int(line.split()[1]) * 1024)
-                    break
-    except OSError:
-        pass
+    available = _meminfo().get("MemAvailable")
+    if available is not None:
+        candidates.append(available * 1024)
     limit = _cgroup_headroom()
     if limit is not None:
         candidates.append(limit)
@@ -64,10 +110,11 @@ def _cgroup_headroom() -> int | None:
     return None
 
 
-def anonymous_file(name: str) -> int:
-    """A descriptor of a nameless file in memory, to share with workers."""
+def anonymous_file(name: str, flags: int = 0) -> int:
+    """A descriptor of a nameless file in memory, to share with workers
+    (``flags``: more memfd_create flags, MFD_HUGETLB)."""
     if hasattr(os, "memfd_create"):
-        return os.memfd_create(name, os.MFD_CLOEXEC)
+        return os.memfd_create(name, os.MFD_CLOEXEC | flags)
     # Fallback where memfd does not exist: a file that is unlinked before it
     # is ever used, so it has no name to leak; workers get its descriptor.
     f = tempfile.TemporaryFile(prefix=f"{name}-")  # noqa: SIM115 (closed below)
@@ -121,29 +168,93 @@ def _rebuild_shared_fd(dup: Any) -> SharedFd:
 
 
 class Region:
-    """One shared mapping of `size` bytes, created here or attached to."""
+    """One shared mapping of `size` bytes, created here or attached to;
+    `pages` says what backs it."""
 
-    def __init__(self, fd: int, size: int, mapping: mmap.mmap) -> None:
+    def __init__(
+        self, fd: int, size: int, mapping: mmap.mmap, pages: str = PAGES_BASE
+    ) -> None:
         self.fd = fd
         self.size = size
         self.mapping = mapping
+        self.pages = pages
         self._pid = os.getpid()
 
     @classmethod
-    def create(cls, size: int, name: str = "fastq-ring") -> Region:
-        """Allocates and pre-faults `size` bytes or raises SharedMemoryError
-        naming the bytes needed and available."""
+    def create(cls, size: int, name: str = "fastq-ring", huge: bool = True) -> Region:
+        """Allocates and pre-faults at least `size` bytes (with ``huge``, in
+        huge pages where the system has them: the size is then rounded up
+        to whole huge pages) or raises SharedMemoryError naming the bytes
+        needed and available."""
+        if huge and sys.platform == "linux":
+            step = huge_page_size()
+            if size >= step:
+                whole = -(-size // step) * step
+                region = cls._create_hugetlb(whole, name)
+                if region is None and shmem_thp_mode() in ("always", "force"):
+                    region = cls._create_base(whole, name)
+                    region.pages = PAGES_THP
+                elif region is None and shmem_thp_mode() in ("advise", "within_size"):
+                    region = cls._create_advised(whole, name)
+                if region is not None:
+                    return region
+        return cls._create_base(size, name)
+
+    @classmethod
+    def _create_hugetlb(cls, size: int, name: str) -> Region | None:
+        """In hugetlb pages, when enough are free (the reservation happens at
+        mmap, so a shortage is an error here, never a SIGBUS later); None
+        where they cannot be had."""
+        free = _meminfo().get("HugePages_Free", 0) * huge_page_size()
+        if free < size or not hasattr(os, "memfd_create"):
+            return None
+        try:
+            fd = anonymous_file(name, _MFD_HUGETLB)
+        except OSError:
+            return None
+        try:
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+        except (OSError, ValueError):
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, size, mapping, PAGES_HUGETLB)
+
+    @classmethod
+    def _create_advised(cls, size: int, name: str) -> Region:
+        """In transparent huge pages asked for with MADV_HUGEPAGE: the
+        mapping is advised before any page exists, then every page is
+        allocated through it (MADV_POPULATE_WRITE reports a shortage as an
+        error). Where populating that way is not supported, the pages are
+        reserved as ordinary ones are."""
         fd = sized_memfd(name, size)
         try:
-            # Reserve every page now: a tmpfs page that cannot be allocated
-            # later would kill the writer with SIGBUS instead of an error.
-            if hasattr(os, "posix_fallocate"):
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                except OSError as exc:
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+            pages = PAGES_THP
+            try:
+                mapping.madvise(_MADV_HUGEPAGE)
+                mapping.madvise(_MADV_POPULATE_WRITE)
+            except OSError as exc:
+                if exc.errno == errno.ENOMEM:
+                    mapping.close()
                     raise SharedMemoryError(
                         not_enough_memory(size, available_memory(), exc, what=name)
                     ) from exc
+                pages = PAGES_BASE
+                _reserve(fd, size, name)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, size, mapping, pages)
+
+    @classmethod
+    def _create_base(cls, size: int, name: str) -> Region:
+        fd = sized_memfd(name, size)
+        try:
+            _reserve(fd, size, name)
             mapping = mmap.mmap(fd, size, flags=_MAP_FLAGS)
         except BaseException:
             os.close(fd)
@@ -152,10 +263,24 @@ class Region:
 
     @classmethod
     def attach(cls, shared: SharedFd, size: int) -> Region:
-        """Maps a region created in another process (in a worker)."""
+        """Maps a region created in another process (in a worker). A region
+        of whole huge pages, where shared memory's transparent huge pages
+        are asked for, is advised before its pages are mapped, so that they
+        are mapped huge here too."""
         fd = shared.fd
         try:
-            mapping = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+            if size % huge_page_size() or shmem_thp_mode() not in (
+                "advise",
+                "within_size",
+            ):
+                mapping = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+            else:
+                mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+                for advice in (_MADV_HUGEPAGE, _MADV_POPULATE_WRITE):
+                    # Not supported (hugetlb pages, an old kernel): the
+                    # pages exist already and fault in on first use.
+                    with contextlib.suppress(OSError):
+                        mapping.madvise(advice)
         finally:
             # The mapping keeps the memory; the descriptor is not needed.
             os.close(fd)
@@ -170,6 +295,50 @@ class Region:
         if self.fd >= 0 and os.getpid() == self._pid:
             os.close(self.fd)
         self.fd = -1
+
+
+def _reserve(fd: int, size: int, name: str) -> None:
+    """Allocates every page of the file now: a tmpfs page that cannot be
+    allocated later would kill the writer with SIGBUS instead of an error."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        raise SharedMemoryError(
+            not_enough_memory(size, available_memory(), exc, what=name)
+        ) from exc
+
+
+def huge_bytes_mapped(mapping: mmap.mmap) -> int:
+    """Bytes of `mapping` this process maps with huge pages (PMD-mapped
+    shared-memory THP, or hugetlb), from /proc/self/smaps; 0 if unknown."""
+    import ctypes
+
+    try:
+        view = ctypes.c_char.from_buffer(mapping)
+    except (TypeError, ValueError):
+        return 0
+    start = ctypes.addressof(view)
+    del view  # the mapping can be closed again
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    inside = False
+    total = 0
+    for line in lines:
+        head = line.split(" ", 1)[0]
+        if "-" in head and ":" not in head:
+            low = int(head.split("-")[0], 16)
+            inside = low == start
+            continue
+        if inside and line.startswith(
+            ("ShmemPmdMapped:", "FilePmdMapped:", "Shared_Hugetlb:", "Private_Hugetlb:")
+        ):
+            total += int(line.split()[1]) * 1024
+    return total
 
 
 def not_enough_memory(
