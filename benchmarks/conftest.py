@@ -17,7 +17,7 @@ import pytest
 
 from fastq._bench import report
 from fastq._bench.measure import Budget, Meter, Options, Result, started
-from fastq._bench.transports import TRANSPORTS, Case
+from fastq._bench.transports import AUTO, TRANSPORTS, Case
 from fastq._bench.workloads import SHAPES
 
 _RESULTS = pytest.StashKey[list[tuple[str, Result]]]()
@@ -112,11 +112,14 @@ def slots(request: pytest.FixtureRequest) -> int | None:
     return None if value is None else int(value)
 
 
-def skip_if_missing(transport: str) -> None:
-    """Optional transports (torch, faster-fifo) are skipped, saying why."""
+def skip_if_missing(transport: str, compute_bound: bool = False) -> None:
+    """Optional transports (torch, faster-fifo) are skipped, saying why;
+    workers="auto" runs in the compute-bound cases alone."""
     why = TRANSPORTS[transport].missing()
     if why:
         pytest.skip(why)
+    if transport == AUTO and not compute_bound:
+        pytest.skip(f"{transport}: measured in the compute-bound cases alone")
 
 
 @pytest.fixture

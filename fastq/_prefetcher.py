@@ -16,6 +16,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
+from ._autotune import Autotuner, cpu_budget
 from ._consumer import Feed
 from ._pool import WorkerPool, get_context
 from ._ring import MAX_SLOTS, MAX_WORKERS, BatchViews, Ring, region_size
@@ -45,21 +46,37 @@ _SPIN_NS = int(os.environ.get("FASTQ_SPIN_US", "50")) * 1000
 _P = TypeVar("_P", bound="Prefetcher")
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def default_workers() -> int:
-    """Usable CPUs shared among the ranks on this node (torchrun's
-    LOCAL_WORLD_SIZE), less one for the training loop, at least 1."""
+def _cpus_per_rank() -> int:
+    """Usable CPUs (affinity, within a container's quota) shared among
+    the ranks on this node (torchrun's LOCAL_WORLD_SIZE), at least 1."""
     try:
         local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:
         local = 1
-    return max(1, _usable_cpus() // local - 1)
+    return max(1, cpu_budget() // local)
+
+
+def default_workers() -> int:
+    """This rank's CPUs less one for the training loop, at least 1."""
+    return max(1, _cpus_per_rank() - 1)
+
+
+def _is_auto(workers: Any, is_map: bool) -> bool:
+    """workers="auto", refused where workers cannot be parked."""
+    if not isinstance(workers, str):
+        return False
+    if workers != "auto":
+        raise ConfigError(
+            f'workers={workers!r}: expected a positive integer or "auto"; '
+            'use workers=4, say, or workers="auto"'
+        )
+    if not is_map:
+        raise ConfigError(
+            "workers=\"auto\": a stream source's pass needs every worker's "
+            "stream to its end, so none can be parked; choose workers=N, or "
+            "use a map-style dataset (__getitem__ and __len__)"
+        )
+    return True
 
 
 def _positive_int(name: str, value: Any, fix: str, upper: int | None = None) -> int:
@@ -175,8 +192,11 @@ class Prefetcher:
         its items are samples, written straight into a batch's rows (each
         worker's last batch may be short); without it, its items are whole
         batches.
-    workers : int, optional
-        Worker processes; default: usable CPUs - 1, at least 1.
+    workers : int or "auto", optional
+        Worker processes; default: usable CPUs - 1, at least 1. ``"auto"``
+        (map-style sources): one worker per usable CPU is started, and as
+        many run as keep the loop from waiting while CPUs are idle; the
+        others are parked (``stats()["autotune"]`` says how many, and why).
     slots : int, optional
         Batches prefetched ahead of the consumer; default: two per worker. The
         ring holds one slot more, for the batch the loop body is using.
@@ -243,7 +263,7 @@ class Prefetcher:
         self,
         source: Any,
         batch_size: int | None = None,
-        workers: int | None = None,
+        workers: int | str | None = None,
         slots: int | None = None,
         spec: Any = None,
         ordered: bool = True,
@@ -265,15 +285,19 @@ class Prefetcher:
         self._closed = True  # until construction completes
         self._pool: WorkerPool | None = None
         self._region: Region | None = None
+        self._tuner: Autotuner | None = None
 
         self._source = source
         self._is_map = _is_map_style(source)
         if not self._is_map:
             check_stream_source(source)
+        self._auto = _is_auto(workers, self._is_map)
+        if self._auto:
+            workers = min(_cpus_per_rank(), MAX_WORKERS)
         workers = _positive_int(
             "workers",
             default_workers() if workers is None else workers,
-            "use workers=1 or more",
+            'use workers=1 or more, or workers="auto"',
             MAX_WORKERS,
         )
         slots = _positive_int(
@@ -447,6 +471,11 @@ class Prefetcher:
         if stream is not None:
             self._feed.first_pass = stream.pass_
             self._feed.resume_items = list(stream.items)
+        if self._auto:
+            feed = self._feed
+            self._tuner = Autotuner(
+                self._ring, workers, lambda: (feed.consumer.delivered, feed.wait_ns)
+            )
 
     def _restart_engine(self, resume: Resume | None) -> None:
         """New workers, ring and feed, for a state the running workers
@@ -696,6 +725,9 @@ class Prefetcher:
         self._teardown()
 
     def _teardown(self) -> None:
+        tuner, self._tuner = self._tuner, None
+        if tuner is not None:
+            tuner.stop()  # it reads the ring, which is unmapped below
         try:
             if self._pool is not None:
                 self._pool.close()
@@ -748,8 +780,11 @@ class Prefetcher:
             when one was taken), ``slots``, ``pages`` (what backs the ring:
             ``kind`` "hugetlb", "transparent huge pages" or "base pages",
             its ``bytes``, and the ``huge_bytes`` this process maps with huge
-            pages), and ``workers``: a list of dicts with ``pid``,
-            ``batches``, ``busy_s``, ``wait_s`` and ``task``.
+            pages), ``workers``: a list of dicts with ``pid``, ``batches``,
+            ``busy_s``, ``wait_s`` and ``task``, and ``autotune`` (None
+            unless ``workers="auto"``): ``workers`` running, ``pool``
+            started, ``why``, and ``decisions``, each with ``at_s``,
+            ``workers`` and ``why``.
         """
         feed = self._feed
         c = feed.consumer
@@ -782,6 +817,7 @@ class Prefetcher:
             "slots": self.slots,
             "pages": self._pages(),
             "workers": per_worker,
+            "autotune": None if self._tuner is None else self._tuner.report(),
         }
 
     def _pages(self) -> dict[str, Any]:

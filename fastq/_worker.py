@@ -497,6 +497,17 @@ class _Producer:
                 break
         self._idle_until_closed()
 
+    def _wait_while_parked(self) -> bool:
+        """Sleeps while workers="auto" keeps this worker parked (it holds
+        no slot and no task meanwhile); False once the ring is closed."""
+        ring = self.ring
+        while not ring.closed:
+            seen = ring.control  # before `active`: a change wakes the wait
+            if self.wid < ring.active:
+                return True
+            ring.wait_control(seen, 1.0)
+        return False
+
     def _idle_until_closed(self) -> None:
         while not self.ring.closed:
             self.ring.wait_control(self.ring.control, 1.0)
@@ -510,7 +521,10 @@ class _Producer:
         fill = getattr(dataset, "fill_batch", None)
         getitems = getattr(dataset, "__getitems__", None)
         in_thread = self.cfg.in_thread
+        ring = self.ring
         while True:
+            if self.wid >= ring.active and not self._wait_while_parked():
+                return
             slot, task, wait_ns = self._take_slot()
             if slot < 0:
                 return

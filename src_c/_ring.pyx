@@ -348,6 +348,16 @@ cdef class Ring:
         fq_set_pass(&self.ring, p)
 
     @property
+    def active(self):
+        """Workers numbered below it take slots; the others are parked."""
+        return fq_active(&self.ring)
+
+    def set_active(self, uint32_t n):
+        """Parks workers numbered n and above (n is kept in 1..nworkers),
+        and wakes every parked worker to look again."""
+        fq_set_active(&self.ring, n)
+
+    @property
     def control(self):
         return fq_control(&self.ring)
 

@@ -186,6 +186,7 @@ int fq_init(void *base, uint64_t len, const fq_geometry *g, fq_ring *out) {
     atomic_init(&c->control, 0);
     atomic_init(&c->pass, 0);
     atomic_init(&c->plan_waiters, 0);
+    atomic_init(&c->active, c->nworkers);
     atomic_init(&c->planned, 0);
     atomic_init(&c->next_task, 0);
     for (uint32_t s = 0; s < c->nslots; s++) {
@@ -524,6 +525,18 @@ void fq_set_pass(fq_ring *r, uint32_t pass) {
 }
 
 uint32_t fq_get_pass(const fq_ring *r) { return atomic_load(&r->ctrl->pass); }
+
+void fq_set_active(fq_ring *r, uint32_t active) {
+    fq_ctrl *c = r->ctrl;
+    if (active < 1) active = 1;
+    if (active > c->nworkers) active = c->nworkers;
+    /* seq_cst: a worker that sees the new control value sees `active`. */
+    atomic_store(&c->active, active);
+    atomic_fetch_add(&c->control, 1);
+    wake_word(&c->control, 0x7fffffff);
+}
+
+uint32_t fq_active(const fq_ring *r) { return atomic_load(&r->ctrl->active); }
 
 void fq_set_planned(fq_ring *r, uint64_t planned) {
     fq_ctrl *c = r->ctrl;

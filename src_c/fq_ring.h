@@ -98,7 +98,14 @@
  *            (a death is fatal to the ring, so it is never cleared).
  *   control: event count bumped when the consumer starts a new pass over a
  *            callable source (pass), raises `planned` while a worker waits
- *            for a plan, or closes; workers between passes wait on it.
+ *            for a plan, changes `active`, or closes; workers between passes
+ *            and parked workers wait on it.
+ *   active:  workers numbered below it take slots; the others are parked
+ *            (workers="auto"). A worker reads it before taking a slot, so a
+ *            parked worker holds no slot and no task: the consumer's next
+ *            batch is still in production or unclaimed. The consumer stores
+ *            it, then bumps control; a parker reads control, then active
+ *            (both seq_cst), so a change is never slept through.
  *
  * Planned sources (a sampler the consumer runs, as DataLoader does): the
  * consumer writes task t's plan (its sample indices, in the region's plan
@@ -139,7 +146,7 @@ extern "C" {
 #endif
 
 #define FQ_MAGIC 0x66617374715f7231ULL /* "fastq_r1" */
-#define FQ_VERSION 3u
+#define FQ_VERSION 4u
 #define FQ_CACHE_LINE 64
 #define FQ_MAX_SLOTS (1u << 20)
 #define FQ_MAX_WORKERS 4096u
@@ -236,6 +243,7 @@ typedef struct fq_ctrl {
     _Atomic uint32_t control; /* event count: new pass or close */
     _Atomic uint32_t pass;    /* current pass over a callable source */
     _Atomic uint32_t plan_waiters; /* workers waiting for a task's plan */
+    _Atomic uint32_t active;  /* workers below it take slots; others park */
     _Atomic uint64_t planned; /* planned sources: tasks below it have a plan */
     alignas(FQ_CACHE_LINE) _Atomic uint64_t next_task; /* fetch_add by workers */
 
@@ -364,6 +372,11 @@ void fq_plan_begin_write(void *entry);
 void fq_plan_end_write(void *entry, uint64_t task);
 uint64_t fq_plan_task(const void *entry);
 uint64_t fq_plan_recheck(const void *entry);
+
+/* Workers numbered `active` and above park before their next slot; at
+ * least 1, at most nworkers. Wakes every parked worker to look again. */
+void fq_set_active(fq_ring *r, uint32_t active);
+uint32_t fq_active(const fq_ring *r);
 
 /* Sleeps while ctrl.control equals `seen`, for at most timeout_ns. Returns
  * FQ_CLOSED, FQ_TIMEOUT, FQ_EINTR, or FQ_OK when woken (control has

@@ -106,6 +106,8 @@ cdef extern from "fq_ring.h" nogil:
     void fq_alert(fq_ring *r)
     void fq_set_pass(fq_ring *r, uint32_t p)
     uint32_t fq_get_pass(const fq_ring *r)
+    void fq_set_active(fq_ring *r, uint32_t active)
+    uint32_t fq_active(const fq_ring *r)
     int fq_wait_control(fq_ring *r, uint32_t seen, int64_t timeout_ns)
     uint32_t fq_control(const fq_ring *r)
     void fq_set_planned(fq_ring *r, uint64_t planned)

@@ -9,8 +9,9 @@ import statistics
 import time
 from collections.abc import Sequence
 
+from .._prefetcher import _cpus_per_rank
 from .measure import Options
-from .transports import TRANSPORTS, Case
+from .transports import AUTO, TRANSPORTS, Case
 from .workloads import WORKLOADS, Producer, ProducerConfig
 
 # Latency: the producer makes a batch every LATENCY_PACE_S (far slower than
@@ -47,6 +48,7 @@ def throughput(
         for s in shapes
         for w in workers
         for t in transports
+        if t != AUTO
     ]
 
 
@@ -54,7 +56,7 @@ def latency(transports: Sequence[str], slots: int | None) -> list[Case]:
     return [
         Case(t, LATENCY_WORKLOAD, 1, slots or 2, pace_s=LATENCY_PACE_S)
         for t in transports
-        if t != "memcpy-hot"
+        if t not in ("memcpy-hot", AUTO)
     ]
 
 
@@ -63,7 +65,7 @@ def handover(transports: Sequence[str], slots: int | None) -> list[Case]:
         Case(t, s, 1, slots or HANDOVER_SLOTS)
         for s in HANDOVER_WORKLOADS
         for t in transports
-        if t != "memcpy-hot"
+        if t not in ("memcpy-hot", AUTO)
     ]
 
 
@@ -71,7 +73,7 @@ def startup(transports: Sequence[str], slots: int | None) -> list[Case]:
     return [
         Case(t, STARTUP_WORKLOAD, 1, slots or 2, start_method=STARTUP_METHOD)
         for t in transports
-        if TRANSPORTS[t].role != "limit"
+        if TRANSPORTS[t].role != "limit" and t != AUTO
         for _ in range(STARTUP_REPEATS)
     ]
 
@@ -83,7 +85,7 @@ def steady(transports: Sequence[str], slots: int | None) -> list[tuple[Case, Opt
         (Case(t, s, 1, slots or 2), Options(perf=True, note="free-running"))
         for s in STEADY_WORKLOADS
         for t in transports
-        if TRANSPORTS[t].role != "limit"
+        if TRANSPORTS[t].role != "limit" and t != AUTO
     ]
     jobs += [
         (
@@ -96,7 +98,7 @@ def steady(transports: Sequence[str], slots: int | None) -> list[tuple[Case, Opt
         )
         for s in STEADY_WORKLOADS
         for t in transports
-        if TRANSPORTS[t].role == "fastq"
+        if TRANSPORTS[t].role == "fastq" and t != AUTO
     ]
     return jobs
 
@@ -107,12 +109,23 @@ def compute(
     slots: int | None,
     workload: str = COMPUTE_WORKLOAD,
 ) -> list[Case]:
-    return [
+    """Every transport at each worker count; workers="auto" once, with
+    as many slots as the most workers it can run."""
+    jobs = [
         Case(t, workload, w, slots or 2 * w)
         for w in workers
         for t in transports
-        if TRANSPORTS[t].role != "limit"
+        if TRANSPORTS[t].role != "limit" and t != AUTO
     ]
+    if AUTO in transports:
+        pool = auto_pool()
+        jobs.append(Case(AUTO, workload, pool, slots or 2 * pool))
+    return jobs
+
+
+def auto_pool() -> int:
+    """The workers that workers="auto" starts here."""
+    return _cpus_per_rank()
 
 
 def compute_ideal(
@@ -134,4 +147,4 @@ def compute_ideal(
         if hasattr(os, "sched_getaffinity")
         else os.cpu_count() or 1
     )
-    return {w: min(w, cpus) / per_batch for w in workers}
+    return {w: min(w, cpus) / per_batch for w in (*workers, auto_pool())}

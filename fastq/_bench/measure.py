@@ -65,6 +65,7 @@ class Result:
     latency_us: dict[str, float] = field(default_factory=dict)
     next_us: dict[str, float] = field(default_factory=dict)  # drain runs
     mean_ready: float | None = None
+    autotune: dict[str, Any] | None = None  # workers="auto": what it chose
     busy_before: float | None = None  # share of the CPUs busy before it ran
     repeats: list[float] = field(default_factory=list)  # batches/s of each run
     notes: list[str] = field(default_factory=list)
@@ -250,7 +251,9 @@ class Meter:
                 "max": lat[-1] / 1e3,
             }
         if self.feed.stats is not None:
-            r.mean_ready = self.feed.stats().get("mean_ready")
+            stats = self.feed.stats()
+            r.mean_ready = stats.get("mean_ready")
+            r.autotune = stats.get("autotune")
         return r
 
 

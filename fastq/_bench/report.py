@@ -223,16 +223,45 @@ def compute_table(results: Sequence[Result], ideal: dict[int, float]) -> str:
         i = ideal.get(int(r.case["workers"]))
         return f"{r.batches_per_s / i:.2f}" if i else "-"
 
+    def workers(r: Result) -> str:
+        if r.autotune:  # how many ran, of how many started
+            return f"{r.autotune['workers']}/{r.autotune['pool']}"
+        return str(r.case["workers"])
+
     cols: list[Column] = [
         ("transport", 28, lambda r: r.label),
-        ("workers", 7, lambda r: str(r.case["workers"])),
+        ("workers", 7, workers),
         ("batches/s", 10, lambda r: _fmt(r.batches_per_s, ".2f")),
         ("x ideal", 7, x_ideal),
         ("cons CPU us/b", 13, lambda r: _fmt(r.consumer.cpu_us, ".0f")),
         ("prod CPU ms/b", 13, lambda r: _fmt(r.producers.cpu_us / 1e3, ".1f")),
         ("PSS MB", 7, lambda r: _fmt(r.pss_bytes / 1e6, ".0f")),
     ]
-    return _render(results, cols)
+    text = _render(results, cols)
+    verdict = auto_verdict(results)
+    return f"{text}\n{verdict}" if verdict else text
+
+
+def auto_verdict(results: Sequence[Result]) -> str | None:
+    """workers="auto" against the best hand-picked count of the same
+    per-sample source, or None where either is missing."""
+    auto = [r for r in results if r.autotune and not r.error]
+    picked = [
+        r for r in results if r.case["transport"] == "fastq-samples" and not r.error
+    ]
+    if not auto or not picked:
+        return None
+    a = auto[0]
+    best = max(picked, key=lambda r: r.batches_per_s)
+    if not best.batches_per_s:
+        return None
+    return (
+        f"workers='auto' ran {a.autotune['workers']} of {a.autotune['pool']} "  # type: ignore[index]
+        f"workers: {a.batches_per_s:.2f} batches/s, "
+        f"{a.batches_per_s / best.batches_per_s:.2f}x the best hand-picked "
+        f"count ({best.label}, {best.case['workers']} workers: "
+        f"{best.batches_per_s:.2f} batches/s)" + "".join(f"; {n}" for n in a.notes)
+    )
 
 
 def heading(workload: str, workers: int, slots: int) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from . import cases, procstat, report, torch_startup
 from .isolated import run_isolated
 from .measure import Budget, Options, Result, run
-from .transports import FASTQ, PEERS, TRANSPORTS, Case
+from .transports import AUTO, FASTQ, PEERS, TRANSPORTS, Case
 from .workloads import DEFAULT_WORKLOAD, SHAPES, WORKLOADS
 
 SECTIONS = (
@@ -210,7 +210,7 @@ class _Session:
         t = TRANSPORTS[case.transport]
         print(
             f"[{self.done:3}/{self.total}] {section:10} {case.workload:8} "
-            f"w={case.workers} {t.label:28}",
+            f"w={'auto' if case.transport == AUTO else case.workers} {t.label:28}",
             end=" ",
             flush=True,
             file=sys.stderr,

@@ -135,6 +135,14 @@ TRANSPORTS = {
             "no pickling; pays where producers release the GIL",
         ),
         Transport(
+            "fastq-auto",
+            "fastq, per-sample, auto",
+            "fastq",
+            "via_fastq:samples_auto",
+            about="as per-sample, with workers='auto': fastq picks how many "
+            "run (compute-bound cases only, measured once it has settled)",
+        ),
+        Transport(
             "fastq-fill",
             "fastq, zero-copy fill",
             "fastq",
@@ -196,6 +204,9 @@ TRANSPORTS = {
         ),
     )
 }
+# Chooses its own number of workers: measured in the compute-bound
+# sections alone, next to the hand-picked counts.
+AUTO = "fastq-auto"
 DEFAULT_TRANSPORTS = tuple(TRANSPORTS)
 FASTQ = tuple(k for k, t in TRANSPORTS.items() if t.role == "fastq")
 PEERS = tuple(k for k, t in TRANSPORTS.items() if t.role == "peer")
