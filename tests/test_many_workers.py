@@ -102,6 +102,16 @@ def test_64_workers_with_shuffle_deliver_the_sampler_order() -> None:
     assert pf.closed
     del pf
     check_gone(pids)
+    # the order is the seed's, whatever the number of workers
+    with fastq.Prefetcher(
+        SlowDataset(n, 0.0),
+        batch_size=BATCH,
+        workers=1,
+        shuffle=True,
+        seed=7,
+        start_method="fork",
+    ) as one:
+        assert run_epochs(one, epochs=2) == [first, second]
 
 
 @pytest.mark.parametrize("method", SHORT_FORM)
