@@ -21,6 +21,7 @@ import numpy as np
 from . import _report
 from ._handoff import handoff_for_workers
 from ._jagged import JaggedArray
+from ._map_fill import MapFill
 from ._packing import Arena, Codec, PackedSpec, measure, pack
 from ._plan import Plan, PlanLayout, PlanTable
 from ._report import UNKNOWN_SAMPLE
@@ -34,7 +35,6 @@ from ._spec import BatchSpec
 from ._streams import ShuffleBuffer, worker_stream
 from ._threads import limit_threads
 from ._worker_info import WorkerInfo, _answer_for_torch, _set_worker_info
-from .errors import SpecError
 
 _PR_SET_PDEATHSIG = 1
 # WorkerConfig fields that hold user objects.
@@ -517,10 +517,14 @@ class _Producer:
     def run_map(self) -> None:
         sampler = self.cfg.sampler
         assert sampler is not None
-        dataset = self.cfg.source
-        fill = getattr(dataset, "fill_batch", None)
-        getitems = getattr(dataset, "__getitems__", None)
-        in_thread = self.cfg.in_thread
+        maker = MapFill(
+            self.cfg.source,
+            sampler,
+            self.spec,
+            self.info,
+            self.cfg.seed,
+            reseed=not self.cfg.in_thread,
+        )
         ring = self.ring
         while True:
             if self.wid >= ring.active and not self._wait_while_parked():
@@ -529,43 +533,15 @@ class _Producer:
             if slot < 0:
                 return
             t0 = time.perf_counter_ns()
-            self.rows.row = -1  # until write_samples starts on a sample
             try:
-                epoch, _ = sampler.locate(task)
-                indices = sampler.batch_indices(task)
-                self.info._start_task(epoch, task)
-                if not in_thread:  # threads share the training loop's
-                    seed_python_and_numpy(self.cfg.seed, epoch, task)
-                views = self.views[slot]
-                if fill is not None:
-                    n = len(indices)
-                    if n == self.spec.rows:
-                        out = self.fill_outs[slot]
-                    else:  # an epoch's short last batch
-                        out = self.spec.unflatten(self.spec.first_rows(views, n))
-                    fill(indices, out)
-                    if self.spec.jagged:
-                        self.spec.check_filled(self.spec.first_rows(views, n))
-                elif getitems is not None:
-                    samples = getitems(indices.tolist())
-                    if len(samples) != len(indices):
-                        raise SpecError(
-                            f"__getitems__ returned {len(samples)} samples for "
-                            f"{len(indices)} indices; return one sample per index"
-                        )
-                    self.rows.write_samples(
-                        samples.__getitem__, list(range(len(samples))), views
-                    )
-                else:
-                    get = dataset.__getitem__
-                    self.rows.write_samples(get, indices.tolist(), views)
+                n = maker.fill(task, self.views[slot], self.fill_outs[slot])
             except Exception as exc:
-                row = self.rows.row
+                row = maker.rows.row
                 self._report(slot, exc, UNKNOWN_SAMPLE if row < 0 else row)
                 continue
             # Counted before publishing, so stats never lag what was consumed.
             self.ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
-            if not self.ring.publish(slot, SLOT_BATCH, len(indices), 0, self.wid):
+            if not self.ring.publish(slot, SLOT_BATCH, n, 0, self.wid):
                 return
 
     # ------------------------------------------------------------- planned
