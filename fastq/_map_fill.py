@@ -67,5 +67,5 @@ class MapFill:
                 )
             self.rows.write_samples(samples.__getitem__, list(range(n)), views)
         else:
-            self.rows.write_samples(self.dataset.__getitem__, indices.tolist(), views)
+            self.rows.write_indices(self.dataset.__getitem__, indices, views)
         return n

@@ -15,6 +15,12 @@ class RowWriter:
         keys: list[Any],
         views: list[np.ndarray[Any, Any]],
     ) -> None: ...
+    def write_indices(
+        self,
+        get: Callable[[int], Any],
+        indices: np.ndarray[Any, Any],
+        views: list[np.ndarray[Any, Any]],
+    ) -> None: ...
     def write_stream(
         self,
         it: Iterator[Any],

@@ -8,14 +8,24 @@ field's shape and an equivalent dtype, or a scalar of the field's own
 native type) costs one memcpy; anything else goes through the spec's
 checked Python path, which converts it or raises the SpecError that names
 the field. Whole batches (a batch stream) get the same treatment per field.
+What a sample's leaves are checked against (each field's dtype, row shape,
+scalar type) is resolved once per spec, and where each field's rows lie
+once per batch, so a sample costs its call, its checks and its copies.
 """
 
 cimport numpy as cnp
 from cpython.float cimport PyFloat_AS_DOUBLE
-from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport Py_TYPE, PyObject, PyTypeObject
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport int64_t
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
+
+import numpy as np
+
+cdef extern from "Python.h":
+    object PyObject_CallOneArg(object func, object arg)
 
 cnp.import_array()
 
@@ -28,20 +38,6 @@ cdef enum ScalarKind:
     NUMPY_SCALAR = 1  # the field's own numpy scalar type, native byte order
     INT64 = 2  # also takes a Python int that fits
     FLOAT64 = 3  # also takes a Python float
-
-
-cdef inline bint _matches(cnp.ndarray a, object dtype, int ndim,
-                          const cnp.npy_intp *dims):
-    """a has the field's dtype and row shape and can be copied as bytes."""
-    cdef int k
-    if cnp.PyArray_NDIM(a) != ndim or not cnp.PyArray_IS_C_CONTIGUOUS(a):
-        return False
-    cdef cnp.npy_intp *have = cnp.PyArray_DIMS(a)
-    for k in range(ndim):
-        if have[k] != dims[k]:
-            return False
-    descr = <object>cnp.PyArray_DESCR(a)
-    return descr is dtype or cnp.PyArray_EquivTypes(descr, dtype)
 
 
 cdef inline void _copy(char *dst, const char *src, size_t n) noexcept:
@@ -64,14 +60,23 @@ cdef class RowWriter:
     cdef Py_ssize_t nfields
     cdef bint single  # the spec is one bare array, not a structure
     cdef bint flat  # a flat tuple of leaves needs no flattening
-    cdef list dtypes
-    cdef list scalar_types
+    cdef list dtypes  # owns what descr points to
+    cdef list scalar_types  # owns what scalar_type points to
     cdef int *ndim
     cdef cnp.npy_intp **dims
     cdef size_t *row_bytes
     cdef ScalarKind *scalar
     cdef bint *jagged  # a variable-length field (values plus offsets)
     cdef int64_t *max_len  # a jagged field's bound per sample
+    cdef PyObject **descr  # the field's dtype: an identical descr matches at once
+    cdef PyTypeObject **scalar_type  # the field's own numpy scalar type
+    # Where a scalar of that type keeps its value inside the object (numpy's
+    # `obval`), found and checked once; -1: ask numpy each time.
+    cdef Py_ssize_t *value_at
+    # Each fixed field's row 0 and row stride in the arrays of the current
+    # call, resolved once per batch (the arrays live in the caller's list).
+    cdef char **dst
+    cdef Py_ssize_t *stride
 
     def __cinit__(self):
         self.ndim = NULL
@@ -80,6 +85,11 @@ cdef class RowWriter:
         self.scalar = NULL
         self.jagged = NULL
         self.max_len = NULL
+        self.descr = NULL
+        self.scalar_type = NULL
+        self.value_at = NULL
+        self.dst = NULL
+        self.stride = NULL
 
     def __init__(self, spec):
         cdef Py_ssize_t i, k
@@ -90,6 +100,7 @@ cdef class RowWriter:
         self.single = spec.structure is None
         self.flat = bool(spec.flat)
         self.dtypes = [f.dtype for f in fields]
+        self.scalar_types = [f.dtype.type for f in fields]
         n = max(1, self.nfields)
         self.ndim = <int *>PyMem_Malloc(n * sizeof(int))
         self.dims = <cnp.npy_intp **>PyMem_Malloc(n * sizeof(cnp.npy_intp *))
@@ -97,11 +108,20 @@ cdef class RowWriter:
         self.scalar = <ScalarKind *>PyMem_Malloc(n * sizeof(ScalarKind))
         self.jagged = <bint *>PyMem_Malloc(n * sizeof(bint))
         self.max_len = <int64_t *>PyMem_Malloc(n * sizeof(int64_t))
+        self.descr = <PyObject **>PyMem_Malloc(n * sizeof(PyObject *))
+        self.scalar_type = <PyTypeObject **>PyMem_Malloc(n * sizeof(PyTypeObject *))
+        self.value_at = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
+        self.dst = <char **>PyMem_Malloc(n * sizeof(char *))
+        self.stride = <Py_ssize_t *>PyMem_Malloc(n * sizeof(Py_ssize_t))
         if not (self.ndim and self.dims and self.row_bytes and self.scalar
-                and self.jagged and self.max_len):
+                and self.jagged and self.max_len and self.descr
+                and self.scalar_type and self.value_at and self.dst
+                and self.stride):
             raise MemoryError()
         for i in range(self.nfields):
             self.dims[i] = NULL
+            self.dst[i] = NULL
+            self.stride[i] = 0
         for i, f in enumerate(fields):
             self.ndim[i] = len(f.shape)
             self.row_bytes[i] = f.row_bytes
@@ -114,7 +134,11 @@ cdef class RowWriter:
             self.jagged[i] = f.jagged is not None
             self.max_len[i] = f.jagged.max_len if self.jagged[i] else 0
             self.scalar[i] = NOT_SCALAR if self.jagged[i] else _scalar_kind(f.shape, f.dtype)
-        self.scalar_types = [f.dtype.type for f in fields]
+            self.descr[i] = <PyObject *>self.dtypes[i]
+            self.scalar_type[i] = <PyTypeObject *>self.scalar_types[i]
+            self.value_at[i] = -1
+            if self.scalar[i] != NOT_SCALAR:
+                self.value_at[i] = _value_offset(f.dtype)
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -127,6 +151,11 @@ cdef class RowWriter:
         PyMem_Free(self.scalar)
         PyMem_Free(self.jagged)
         PyMem_Free(self.max_len)
+        PyMem_Free(self.descr)
+        PyMem_Free(self.scalar_type)
+        PyMem_Free(self.value_at)
+        PyMem_Free(self.dst)
+        PyMem_Free(self.stride)
 
     def write_samples(self, get, list keys, list views):
         """Row j of each field array in `views` = leaf of get(keys[j])."""
@@ -134,7 +163,29 @@ cdef class RowWriter:
         self._check_rows(views, len(keys))
         for j in range(len(keys)):
             self.row = j
-            self._write_sample(j, get(keys[j]), views)
+            self._write_sample(j, PyObject_CallOneArg(get, keys[j]), views)
+
+    def write_indices(self, get, cnp.ndarray indices, list views):
+        """Row j of each field array in `views` = leaf of get(int(indices[j]))
+        for a 1-d int64 array of indices, as write_samples with
+        ``indices.tolist()`` (each key a Python int) without the list."""
+        cdef Py_ssize_t j, n
+        cdef char *at
+        cdef Py_ssize_t step
+        cdef int64_t v
+        if (cnp.PyArray_NDIM(indices) != 1
+                or cnp.PyArray_TYPE(indices) != cnp.NPY_INT64
+                or not cnp.PyArray_ISNOTSWAPPED(indices)):
+            self.write_samples(get, indices.tolist(), views)
+            return
+        n = cnp.PyArray_DIMS(indices)[0]
+        self._check_rows(views, n)
+        at = <char *>cnp.PyArray_DATA(indices)
+        step = cnp.PyArray_STRIDES(indices)[0]
+        for j in range(n):
+            memcpy(&v, at + j * step, sizeof(v))
+            self.row = j
+            self._write_sample(j, PyObject_CallOneArg(get, PyLong_FromLongLong(v)), views)
 
     def write_stream(self, it, Py_ssize_t first, Py_ssize_t rows, list views):
         """Rows first.. of each field array in `views` = leaves of next(it),
@@ -152,6 +203,8 @@ cdef class RowWriter:
         return rows
 
     cdef int _check_rows(self, list views, Py_ssize_t rows) except -1:
+        """Checks that `views` holds `rows` rows of each field, and resolves
+        where each fixed field's rows lie."""
         cdef Py_ssize_t i
         cdef cnp.ndarray view
         if len(views) != self.nfields:
@@ -164,23 +217,76 @@ cdef class RowWriter:
             view = views[i]
             if cnp.PyArray_NDIM(view) < 1 or cnp.PyArray_DIMS(view)[0] < rows:
                 raise ValueError(f"field array {i} has fewer than {rows} rows")
+            self.dst[i] = <char *>cnp.PyArray_DATA(view)
+            self.stride[i] = cnp.PyArray_STRIDES(view)[0]
         return 0
 
     cdef int _write_sample(self, Py_ssize_t j, object sample, list views) except -1:
         cdef Py_ssize_t i, nf = self.nfields
-        cdef list dtypes = self.dtypes
         if self.single:
-            leaves = (sample,)
-        elif self.flat and type(sample) is tuple and len(<tuple>sample) == nf:
-            leaves = sample
-        else:
-            leaves = self.spec.flatten(sample, "a sample")
+            return self._put_leaf(0, j, sample, views)
+        if self.flat and type(sample) is tuple and PyTuple_GET_SIZE(sample) == nf:
+            for i in range(nf):
+                self._put_leaf(i, j, <object>PyTuple_GET_ITEM(sample, i), views)
+            return 0
+        leaves = self.spec.flatten(sample, "a sample")
         for i in range(nf):
-            if self.jagged[i]:
-                self._put_jagged(i, j, leaves[i], views[i], dtypes[i])
-            else:
-                self._put(i, j, leaves[i], views[i], dtypes[i])
+            self._put_leaf(i, j, leaves[i], views)
         return 0
+
+    cdef inline int _put_leaf(self, Py_ssize_t i, Py_ssize_t j, object leaf,
+                              list views) except -1:
+        if self.jagged[i]:
+            return self._put_jagged(i, j, leaf, views[i], self.dtypes[i])
+        if self._put_fast(i, self.dst[i] + j * self.stride[i], leaf):
+            return 0
+        # Converts what numpy can assign, or raises naming the field.
+        views[i][j] = self.spec.check_row(i, leaf)
+        return 0
+
+    cdef inline bint _put_fast(self, Py_ssize_t i, char *dst, object leaf) noexcept:
+        """Copies leaf into dst when it needs no conversion: True if done."""
+        cdef ScalarKind kind = self.scalar[i]
+        cdef cnp.ndarray a
+        cdef int k, overflow = 0
+        cdef cnp.npy_intp *have
+        cdef int64_t v
+        cdef double d
+        cdef PyObject *descr
+        if cnp.PyArray_CheckExact(leaf):
+            a = <cnp.ndarray>leaf
+            if cnp.PyArray_NDIM(a) != self.ndim[i] or not cnp.PyArray_IS_C_CONTIGUOUS(a):
+                return False
+            have = cnp.PyArray_DIMS(a)
+            for k in range(self.ndim[i]):
+                if have[k] != self.dims[i][k]:
+                    return False
+            descr = <PyObject *>cnp.PyArray_DESCR(a)
+            if descr != self.descr[i] and not cnp.PyArray_EquivTypes(
+                    <object>cnp.PyArray_DESCR(a), <object>self.descr[i]):
+                return False
+            _copy(dst, <const char *>cnp.PyArray_DATA(a), self.row_bytes[i])
+            return True
+        if kind == NOT_SCALAR:
+            return False
+        if Py_TYPE(leaf) == self.scalar_type[i]:
+            if self.value_at[i] >= 0:
+                memcpy(dst, <char *><PyObject *>leaf + self.value_at[i],
+                       self.row_bytes[i])
+            else:
+                cnp.PyArray_ScalarAsCtype(leaf, dst)
+            return True
+        if kind == INT64 and type(leaf) is int:
+            v = PyLong_AsLongLongAndOverflow(leaf, &overflow)
+            if overflow:
+                return False
+            memcpy(dst, &v, sizeof(v))
+            return True
+        if kind == FLOAT64 and type(leaf) is float:
+            d = PyFloat_AS_DOUBLE(leaf)
+            memcpy(dst, &d, sizeof(d))
+            return True
+        return False
 
     cdef int _put_jagged(self, Py_ssize_t i, Py_ssize_t j, object leaf,
                          object out, object dtype) except -1:
@@ -222,36 +328,6 @@ cdef class RowWriter:
         self.spec.put_jagged(i, j, leaf, out)
         return 0
 
-    cdef int _put(self, Py_ssize_t i, Py_ssize_t j, object leaf,
-                  cnp.ndarray view, object dtype) except -1:
-        cdef char *dst = (<char *>cnp.PyArray_DATA(view)
-                          + j * cnp.PyArray_STRIDES(view)[0])
-        cdef ScalarKind kind = self.scalar[i]
-        cdef int overflow = 0
-        cdef int64_t v
-        cdef double d
-        if cnp.PyArray_CheckExact(leaf):
-            if _matches(<cnp.ndarray>leaf, dtype, self.ndim[i], self.dims[i]):
-                _copy(dst, <const char *>cnp.PyArray_DATA(<cnp.ndarray>leaf),
-                      self.row_bytes[i])
-                return 0
-        elif kind != NOT_SCALAR:
-            if type(leaf) is self.scalar_types[i]:
-                cnp.PyArray_ScalarAsCtype(leaf, dst)
-                return 0
-            if kind == INT64 and type(leaf) is int:
-                v = PyLong_AsLongLongAndOverflow(leaf, &overflow)
-                if not overflow:
-                    memcpy(dst, &v, sizeof(v))
-                    return 0
-            elif kind == FLOAT64 and type(leaf) is float:
-                d = PyFloat_AS_DOUBLE(leaf)
-                memcpy(dst, &d, sizeof(d))
-                return 0
-        # Converts what numpy can assign, or raises naming the field.
-        view[j] = self.spec.check_row(i, leaf)
-        return 0
-
 
 cdef ScalarKind _scalar_kind(tuple shape, object dtype):
     if shape or not dtype.isnative or dtype.hasobject:
@@ -263,6 +339,30 @@ cdef ScalarKind _scalar_kind(tuple shape, object dtype):
     if dtype.kind in "biufc":
         return NUMPY_SCALAR
     return NOT_SCALAR
+
+
+cdef Py_ssize_t _value_offset(object dtype):
+    """Where a scalar of dtype's own type keeps its value inside the object
+    (numpy's `obval`, after the object header), found by matching scalars
+    made from two known byte patterns; -1 where none matches both."""
+    cdef Py_ssize_t size = dtype.itemsize, step = max(1, dtype.alignment)
+    cdef Py_ssize_t at, end
+    cdef bytes a = bytes([k + 1 for k in range(size)])
+    cdef bytes b = bytes([size - k for k in range(size)])
+    if dtype.kind == "b":
+        a = b = b"\x01"
+    x = np.frombuffer(a, dtype)[0]
+    y = np.frombuffer(b, dtype)[0]
+    if type(x) is not dtype.type or type(y) is not dtype.type:
+        return -1
+    end = Py_TYPE(x).tp_basicsize - size
+    at = (<Py_ssize_t>sizeof(PyObject) + step - 1) // step * step
+    while at <= end:
+        if (memcmp(<char *><PyObject *>x + at, <const char *>a, size) == 0
+                and memcmp(<char *><PyObject *>y + at, <const char *>b, size) == 0):
+            return at
+        at += step
+    return -1
 
 
 def copy_rows(cnp.ndarray dst, object src, Py_ssize_t rows):

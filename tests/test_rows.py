@@ -86,6 +86,75 @@ def test_every_kind_of_leaf_lands_as_the_checked_path_writes_it(
             assert got.tobytes() == want.tobytes(), leaf
 
 
+# Every numeric scalar type numpy has, as the field's own scalar: its value
+# is read straight out of the scalar object, and must be the bytes numpy's
+# assignment writes (longdouble's padding aside, which numpy leaves too).
+SCALAR_DTYPES = [t for t in np.sctypeDict.values() if np.dtype(t).kind in "biufc"]
+
+
+@pytest.mark.parametrize(
+    "dtype", sorted({np.dtype(t).str for t in SCALAR_DTYPES}), ids=str
+)
+def test_every_numeric_scalar_type_lands_as_numpy_assigns_it(dtype: str) -> None:
+    dt = np.dtype(dtype).newbyteorder("=")
+    spec = spec_of([("x", (), dt)])
+    raw = np.frombuffer(bytes(range(7, 7 + dt.itemsize * ROWS)), dt)
+    if dt.kind == "b":
+        raw = np.arange(ROWS) % 2 == 1
+    leaves = [raw[j] for j in range(ROWS)]
+    assert all(type(leaf) is dt.type for leaf in leaves)
+    got = written(spec, [(leaf,) for leaf in leaves])[0]
+    want = np.empty(ROWS, dt)
+    for j, leaf in enumerate(leaves):
+        want[j] = leaf
+    if np.dtype(dt).type in (np.longdouble, np.clongdouble):  # padding aside
+        np.testing.assert_array_equal(got, want)
+    else:
+        assert got.tobytes() == want.tobytes()
+
+
+def test_indices_array_gives_what_its_list_gives() -> None:
+    spec = spec_of([("x", (2,), "float32"), ("label", (), "int64")])
+    seen: list[list[Any]] = [[], []]
+
+    def sample(i: int) -> Any:
+        seen[-1].append((type(i), i))
+        return np.full(2, i, np.float32), np.int64(i * 3)
+
+    indices = np.array([5, 2**40, -1, 0, 7, 3], np.int64)
+    views_a = spec.views(bytearray(spec.slot_bytes), ROWS)
+    views_b = spec.views(bytearray(spec.slot_bytes), ROWS)
+    RowWriter(spec).write_samples(sample, indices.tolist(), views_a)
+    seen.append([])
+    RowWriter(spec).write_indices(sample, indices, views_b)
+    assert seen[1] == seen[2]
+    for a, b in zip(views_a, views_b):
+        assert a.tobytes() == b.tobytes()
+    # Other index arrays (another dtype, strided) take the list's path.
+    seen.append([])
+    small = indices.astype(np.int32)
+    RowWriter(spec).write_indices(sample, small, views_b)
+    assert seen[3] == [(int, i) for i in small.tolist()]
+    seen.append([])
+    RowWriter(spec).write_indices(sample, np.repeat(indices, 2)[::2], views_b)
+    assert seen[4] == seen[1]
+
+
+def test_an_error_in_write_indices_names_its_row() -> None:
+    spec = spec_of([("label", (), "int64")])
+    views = spec.views(bytearray(spec.slot_bytes), ROWS)
+    writer = RowWriter(spec)
+
+    def sample(i: int) -> Any:
+        if i == 4:
+            raise KeyError(i)
+        return (np.int64(i),)
+
+    with pytest.raises(KeyError):
+        writer.write_indices(sample, np.arange(ROWS, dtype=np.int64) + 2, views)
+    assert writer.row == 2
+
+
 def test_single_array_and_dict_structures() -> None:
     single = BatchSpec(None, [("batch", (4,), "float32")], ROWS)
     samples = [np.full(4, j, np.float32) for j in range(ROWS)]
