@@ -240,7 +240,11 @@ def measure(
 ) -> dict[str, Any]:
     from fastq._bench.workloads import WORKLOADS
 
-    result: dict[str, Any] = {**_machine(), "command": " ".join(sys.argv), "shapes": {}}
+    result: dict[str, Any] = {
+        **_machine(),
+        "command": "python " + " ".join(sys.argv),
+        "shapes": {},
+    }
     tmp = tempfile.mkdtemp(prefix="fastq-per-sample-")
     try:
         for shape in shapes:
