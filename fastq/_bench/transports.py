@@ -202,6 +202,27 @@ TRANSPORTS = {
             pip="faster-fifo",
             about="shared-memory circular buffer of pickled messages",
         ),
+        Transport(
+            "spdl-threads",
+            "SPDL pipeline, threads",
+            "peer",
+            "via_spdl:threads",
+            requires="spdl",
+            pip="spdl==0.8.0",
+            about="PipelineBuilder: source of batch numbers, a pipe stage "
+            "making each batch, a sink; the consumer gets the producer's own "
+            "buffer (nothing is copied)",
+        ),
+        Transport(
+            "spdl-shm",
+            "SPDL SharedMemorySegmentPool",
+            "peer",
+            "via_spdl:segment_pool",
+            requires="spdl",
+            pip="spdl==0.8.0",
+            about="iterate_in_subprocess with a SharedMemorySegmentPool arena: "
+            "each batch copied into a preallocated shared segment, read in place",
+        ),
     )
 }
 # Chooses its own number of workers: measured in the compute-bound

@@ -3,6 +3,7 @@ exactly the same producer work per batch."""
 
 from __future__ import annotations
 
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -334,6 +335,30 @@ class BatchSource:
         while True:
             yield producer.batch(n)
             n += 1
+
+
+class ThreadBatches:
+    """Batch n for a map stage run by a pool of threads or processes
+    (SPDL's pipe, torchdata's ParallelMapper): each thread makes its batches
+    with a producer of its own, as each process does, so that no two threads
+    share one producer's buffers."""
+
+    def __init__(self, cfg: ProducerConfig) -> None:
+        self.cfg = cfg
+        self._local = threading.local()
+
+    def __getstate__(self) -> ProducerConfig:
+        return self.cfg
+
+    def __setstate__(self, cfg: ProducerConfig) -> None:
+        self.cfg = cfg
+        self._local = threading.local()
+
+    def __call__(self, n: int) -> Arrays:
+        producer = getattr(self._local, "producer", None)
+        if producer is None:
+            producer = self._local.producer = Producer(self.cfg)
+        return producer.batch(n)
 
 
 class SampleStream:
