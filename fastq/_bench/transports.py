@@ -223,6 +223,26 @@ TRANSPORTS = {
             about="iterate_in_subprocess with a SharedMemorySegmentPool arena: "
             "each batch copied into a preallocated shared segment, read in place",
         ),
+        Transport(
+            "torchdata-threads",
+            "torchdata ParallelMapper, threads",
+            "peer",
+            "via_torchdata:threads",
+            requires="torchdata",
+            pip="torchdata==0.11.0 torch==2.13.0",
+            about="nodes.ParallelMapper(method='thread') over batch numbers; the "
+            "consumer gets the producer's own buffer (nothing is copied)",
+        ),
+        Transport(
+            "torchdata-processes",
+            "torchdata ParallelMapper, processes",
+            "peer",
+            "via_torchdata:processes",
+            requires="torchdata",
+            pip="torchdata==0.11.0 torch==2.13.0",
+            about="nodes.ParallelMapper(method='process') over batch numbers: "
+            "each batch pickled through a multiprocessing queue",
+        ),
     )
 }
 # Chooses its own number of workers: measured in the compute-bound
