@@ -43,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m fastq bench",
         description="fastq next to a pickled multiprocessing.Queue (as Keras' "
         "GeneratorEnqueuer uses it, and blocking), PyTorch's DataLoader, "
-        "faster-fifo and a plain memcpy of the same bytes, in one run. Every "
+        "faster-fifo, SPDL (thread pipeline, shared segment pool), torchdata's "
+        "ParallelMapper (threads, processes) and a plain memcpy of the same "
+        "bytes, in one run. Every "
         "producer does the same work per batch; warm-up is excluded; the "
         "median of timed blocks is reported.",
         epilog="With no options: throughput of every available transport on "
