@@ -225,7 +225,7 @@ TRANSPORTS = {
         ),
         Transport(
             "torchdata-threads",
-            "torchdata ParallelMapper, threads",
+            "torchdata nodes, threads",
             "peer",
             "via_torchdata:threads",
             requires="torchdata",
@@ -235,7 +235,7 @@ TRANSPORTS = {
         ),
         Transport(
             "torchdata-processes",
-            "torchdata ParallelMapper, processes",
+            "torchdata nodes, processes",
             "peer",
             "via_torchdata:processes",
             requires="torchdata",
