@@ -113,8 +113,8 @@ def slots(request: pytest.FixtureRequest) -> int | None:
 
 
 def skip_if_missing(transport: str, compute_bound: bool = False) -> None:
-    """Optional transports (torch, faster-fifo) are skipped, saying why;
-    workers="auto" runs in the compute-bound cases alone."""
+    """Optional transports (torch, faster-fifo, spdl, torchdata) are skipped,
+    saying why; workers="auto" runs in the compute-bound cases alone."""
     why = TRANSPORTS[transport].missing()
     if why:
         pytest.skip(why)

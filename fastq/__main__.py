@@ -7,8 +7,9 @@ import sys
 USAGE = """usage: python -m fastq bench [options]
 
   Throughput of fastq next to a pickled multiprocessing.Queue, PyTorch's
-  DataLoader, faster-fifo and a plain memcpy of the same bytes, as a table
-  with ratios; `python -m fastq bench --help` lists the options."""
+  DataLoader, faster-fifo, SPDL, torchdata's ParallelMapper and a plain
+  memcpy of the same bytes, as a table with ratios; `python -m fastq bench
+  --help` lists the options."""
 
 
 def main(argv: list[str]) -> int:
