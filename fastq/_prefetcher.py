@@ -258,6 +258,9 @@ class Prefetcher:
     _spec: BatchSpec
     _feed: Feed
     _ring: Ring
+    # workers="auto"'s controller, per engine (subclasses that build their
+    # own engine have none).
+    _tuner: Autotuner | None = None
 
     def __init__(
         self,
@@ -285,7 +288,6 @@ class Prefetcher:
         self._closed = True  # until construction completes
         self._pool: WorkerPool | None = None
         self._region: Region | None = None
-        self._tuner: Autotuner | None = None
 
         self._source = source
         self._is_map = _is_map_style(source)

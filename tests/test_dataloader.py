@@ -513,12 +513,12 @@ def test_multiprocessing_context_as_name_or_object() -> None:
 def test_default_workers_share_the_cpus_among_local_ranks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from fastq._prefetcher import _usable_cpus
+    from fastq._autotune import cpu_budget
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert DataLoader(Mixed(1)).num_workers == max(1, _usable_cpus() // 8 - 1)
+    assert DataLoader(Mixed(1)).num_workers == max(1, cpu_budget() // 8 - 1)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    assert DataLoader(Mixed(1)).num_workers == max(1, _usable_cpus() - 1)
+    assert DataLoader(Mixed(1)).num_workers == max(1, cpu_budget() - 1)
 
 
 def test_random_sampler_with_a_generator_matches_torch() -> None:
