@@ -1,6 +1,7 @@
 """Builds the compiled modules from src_c/: fastq._ring (the ring, and the
 consumer's batch views over its slots), fastq._rows (the producer's copies
-into slots) and fastq._seeding (the per-batch seeds of a worker's global
+into slots), fastq._mapping (a shared mapping at an address aligned to a
+huge page) and fastq._seeding (the per-batch seeds of a worker's global
 generators)."""
 
 import numpy
@@ -31,6 +32,12 @@ rows = Extension(
     extra_compile_args=CFLAGS,
 )
 
+mapping = Extension(
+    "fastq._mapping",
+    sources=["src_c/_mapping.pyx"],
+    extra_compile_args=CFLAGS,
+)
+
 seeding = Extension(
     "fastq._seeding",
     sources=["src_c/_seeding.pyx"],
@@ -39,7 +46,7 @@ seeding = Extension(
 
 setup(
     ext_modules=cythonize(
-        [ring, rows, seeding],
+        [ring, rows, mapping, seeding],
         include_path=["src_c"],
         compiler_directives={"language_level": "3", "embedsignature": True},
     ),

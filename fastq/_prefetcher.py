@@ -21,7 +21,7 @@ from ._consumer import Feed
 from ._pool import WorkerPool, get_context
 from ._ring import MAX_SLOTS, MAX_WORKERS, BatchViews, Ring, region_size
 from ._sampler import EpochSampler
-from ._shm import PAGE_SIZE, Region, huge_bytes_mapped
+from ._shm import PAGE_SIZE, Region
 from ._spec import BatchSpec
 from ._state import (
     Resume,
@@ -831,7 +831,7 @@ class Prefetcher:
         return {
             "kind": region.pages,
             "bytes": region.size,
-            "huge_bytes": huge_bytes_mapped(region.mapping),
+            "huge_bytes": region.huge_bytes(),
         }
 
 

@@ -6,11 +6,15 @@ nothing can leak even when every process is killed with SIGKILL.
 Large regions are backed by huge pages where the system offers them, so that
 a batch's copy does not stop at every 4 KiB page boundary (a TLB miss, and
 the hardware prefetchers stop there): hugetlb pages when enough are free
-(``MFD_HUGETLB``), else transparent huge pages for shared memory where
-``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` allows them (asked for
-with ``MADV_HUGEPAGE`` where it says ``advise`` or ``within_size``), else
-ordinary pages. Nothing is an error where a feature is missing; the region
-says which it got (``Region.pages``, in ``Prefetcher.stats()``).
+(``MFD_HUGETLB``), else transparent huge pages for shared memory: at once
+where ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` says ``always``,
+asked for with ``MADV_HUGEPAGE`` where it says ``advise`` or
+``within_size``, and made from the allocated pages with ``MADV_COLLAPSE``
+(Linux 6.1 and later) where it says ``never``, the default of most
+systems. Every process maps a large region at an address aligned to a huge
+page (`AlignedMapping`), which the kernel needs to map a huge page whole.
+Nothing is an error where a feature is missing: ordinary pages then. The
+region says which it got (``Region.pages``, in ``Prefetcher.stats()``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import tempfile
 from multiprocessing import reduction
 from typing import Any
 
+from ._mapping import AlignedMapping
 from .errors import SharedMemoryError
 
 PAGE_SIZE = mmap.PAGESIZE
@@ -34,7 +39,11 @@ _THP_SHMEM = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
 # Linux's madvise(2) values, where this Python's mmap module lacks them.
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+_MADV_COLLAPSE = getattr(mmap, "MADV_COLLAPSE", 25)
 _MFD_HUGETLB = getattr(os, "MFD_HUGETLB", 4)
+# FASTQ_HUGE_PAGES=0 keeps rings in base pages (to compare, or where the
+# kernel's compaction for huge pages stalls construction).
+_HUGE_PAGES = os.environ.get("FASTQ_HUGE_PAGES", "1") != "0"
 # What backs a region (Region.pages).
 PAGES_HUGETLB = "hugetlb"
 PAGES_THP = "transparent huge pages"
@@ -172,30 +181,46 @@ class Region:
     `pages` says what backs it."""
 
     def __init__(
-        self, fd: int, size: int, mapping: mmap.mmap, pages: str = PAGES_BASE
+        self, fd: int, size: int, mapping: Any, pages: str = PAGES_BASE
     ) -> None:
         self.fd = fd
         self.size = size
         self.mapping = mapping
         self.pages = pages
         self._pid = os.getpid()
+        self._huge_bytes: int | None = None
+
+    def huge_bytes(self) -> int:
+        """Bytes of it this process maps with huge pages. Read once: every
+        page is mapped when the region is, and /proc/self/smaps costs
+        milliseconds in a large process."""
+        if self._huge_bytes is None:
+            self._huge_bytes = huge_bytes_mapped(self.mapping)
+        return self._huge_bytes
 
     @classmethod
-    def create(cls, size: int, name: str = "fastq-ring", huge: bool = True) -> Region:
+    def create(
+        cls, size: int, name: str = "fastq-ring", huge: bool | None = None
+    ) -> Region:
         """Allocates and pre-faults at least `size` bytes (with ``huge``, in
         huge pages where the system has them: the size is then rounded up
         to whole huge pages) or raises SharedMemoryError naming the bytes
-        needed and available."""
+        needed and available. ``huge`` defaults to FASTQ_HUGE_PAGES (on)."""
+        if huge is None:
+            huge = _HUGE_PAGES
         if huge and sys.platform == "linux":
             step = huge_page_size()
             if size >= step:
                 whole = -(-size // step) * step
                 region = cls._create_hugetlb(whole, name)
-                if region is None and shmem_thp_mode() in ("always", "force"):
+                mode = shmem_thp_mode()
+                if region is None and mode in ("always", "force"):
                     region = cls._create_base(whole, name)
                     region.pages = PAGES_THP
-                elif region is None and shmem_thp_mode() in ("advise", "within_size"):
+                elif region is None and mode in ("advise", "within_size"):
                     region = cls._create_advised(whole, name)
+                elif region is None and mode != "deny":
+                    region = cls._create_collapsed(whole, name)
                 if region is not None:
                     return region
         return cls._create_base(size, name)
@@ -214,7 +239,7 @@ class Region:
             return None
         try:
             os.ftruncate(fd, size)
-            mapping = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+            mapping = _map(fd, size)
         except (OSError, ValueError):
             os.close(fd)
             return None
@@ -232,7 +257,7 @@ class Region:
         reserved as ordinary ones are."""
         fd = sized_memfd(name, size)
         try:
-            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+            mapping = _map(fd, size, populate=False)
             pages = PAGES_THP
             try:
                 mapping.madvise(_MADV_HUGEPAGE)
@@ -251,11 +276,40 @@ class Region:
         return cls(fd, size, mapping, pages)
 
     @classmethod
+    def _create_collapsed(cls, size: int, name: str) -> Region:
+        """In ordinary pages, then made huge where the kernel can
+        (MADV_COLLAPSE works whatever shmem_enabled says, but deny): the
+        file's pages become huge pages, which every aligned mapping of it
+        then maps whole. A kernel without it, or no free huge page (memory
+        too fragmented), leaves ordinary pages, or some of each."""
+        fd = sized_memfd(name, size)
+        try:
+            mapping = _map(fd, size, populate=False)
+            with contextlib.suppress(OSError):
+                # One page in each huge page's range, then the collapse
+                # makes each range one zeroed huge page: no base page is
+                # allocated, copied and freed on the way.
+                for offset in range(0, size, huge_page_size()):
+                    os.posix_fallocate(fd, offset, PAGE_SIZE)
+                mapping.madvise(_MADV_COLLAPSE)
+            # Whatever could not be made huge is reserved as base pages.
+            _reserve(fd, size, name)
+            with contextlib.suppress(OSError):  # before Linux 5.14: on use
+                mapping.madvise(_MADV_POPULATE_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        region = cls(fd, size, mapping)
+        if region.huge_bytes():
+            region.pages = PAGES_THP
+        return region
+
+    @classmethod
     def _create_base(cls, size: int, name: str) -> Region:
         fd = sized_memfd(name, size)
         try:
             _reserve(fd, size, name)
-            mapping = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+            mapping = _map(fd, size)
         except BaseException:
             os.close(fd)
             raise
@@ -263,24 +317,12 @@ class Region:
 
     @classmethod
     def attach(cls, shared: SharedFd, size: int) -> Region:
-        """Maps a region created in another process (in a worker). A region
-        of whole huge pages, where shared memory's transparent huge pages
-        are asked for, is advised before its pages are mapped, so that they
-        are mapped huge here too."""
+        """Maps a region created in another process (in a worker). Its
+        pages exist already, huge where the creator got huge pages; an
+        aligned mapping maps those whole here too."""
         fd = shared.fd
         try:
-            if size % huge_page_size() or shmem_thp_mode() not in (
-                "advise",
-                "within_size",
-            ):
-                mapping = mmap.mmap(fd, size, flags=_MAP_FLAGS)
-            else:
-                mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
-                for advice in (_MADV_HUGEPAGE, _MADV_POPULATE_WRITE):
-                    # Not supported (hugetlb pages, an old kernel): the
-                    # pages exist already and fault in on first use.
-                    with contextlib.suppress(OSError):
-                        mapping.madvise(advice)
+            mapping = _map(fd, size)
         finally:
             # The mapping keeps the memory; the descriptor is not needed.
             os.close(fd)
@@ -297,6 +339,17 @@ class Region:
         self.fd = -1
 
 
+def _map(fd: int, size: int, populate: bool = True) -> Any:
+    """A shared mapping of the file's first `size` bytes, pre-faulted with
+    `populate`: at an address aligned to a huge page where the region is
+    whole huge pages (Linux), else wherever Python's mmap puts it."""
+    step = huge_page_size()
+    if sys.platform == "linux" and size >= step and size % step == 0:
+        return AlignedMapping(fd, size, step, populate)
+    flags = _MAP_FLAGS if populate else mmap.MAP_SHARED
+    return mmap.mmap(fd, size, flags=flags)
+
+
 def _reserve(fd: int, size: int, name: str) -> None:
     """Allocates every page of the file now: a tmpfs page that cannot be
     allocated later would kill the writer with SIGBUS instead of an error."""
@@ -310,7 +363,7 @@ def _reserve(fd: int, size: int, name: str) -> None:
         ) from exc
 
 
-def huge_bytes_mapped(mapping: mmap.mmap) -> int:
+def huge_bytes_mapped(mapping: Any) -> int:
     """Bytes of `mapping` this process maps with huge pages (PMD-mapped
     shared-memory THP, or hugetlb), from /proc/self/smaps; 0 if unknown."""
     import ctypes

@@ -1,9 +1,11 @@
 """The ring in huge pages where the system offers them: hugetlb pages when
-enough are free, else shared memory's transparent huge pages where
-shmem_enabled allows them (MADV_HUGEPAGE where it says advise), else base
-pages. Never an error where a feature is missing; stats() says which was
-used and how much of the ring this process maps huge. The system settings
-are changed (and restored) only where this process may write them."""
+enough are free, else shared memory's transparent huge pages (at once where
+shmem_enabled says always, MADV_HUGEPAGE where it says advise, MADV_COLLAPSE
+where it says never), else base pages; every process maps them whole at an
+aligned address. Never an error where a feature is missing; stats() says
+which was used and how much of the ring this process maps huge. The system
+settings are changed (and restored) only where this process may write
+them."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 
 import fastq
 from fastq import _shm
+from fastq._mapping import AlignedMapping
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,8 +121,9 @@ def test_free_pages_that_cannot_be_had_fall_back_quietly(
     region = _shm.Region.create(4 * HUGE)
     try:
         assert region.pages != _shm.PAGES_HUGETLB
-        region.mapping[:4] = b"ring"
-        assert region.mapping[:4] == b"ring"
+        with memoryview(region.mapping) as view:
+            view[:4] = b"ring"
+            assert view[:4] == b"ring"
     finally:
         region.close()
 
@@ -144,3 +148,64 @@ def test_the_settings_are_read_whatever_the_kernel_offers() -> None:
         "force",
     )
     assert os.sysconf("SC_PAGE_SIZE") <= HUGE
+
+
+def ring_huge_bytes(pid: int) -> int:
+    """Bytes of the ring that process `pid` maps with huge pages."""
+    total, inside = 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:
+                inside = "memfd:fastq-ring" in line
+            elif inside and line.startswith("ShmemPmdMapped:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_where_shmem_says_never_the_pages_are_collapsed_for_every_worker() -> None:
+    """shmem_enabled=never, most systems' default: the ring's pages are made
+    huge with MADV_COLLAPSE, and each worker, mapping it aligned, maps them
+    huge too."""
+    with system_setting(_shm._THP_SHMEM, "never"):
+        with fastq.Prefetcher(Images(), batch_size=ROWS, workers=2) as pf:
+            check_epoch(pf)
+            pages = pf.stats()["pages"]
+            if pages["kind"] == _shm.PAGES_BASE:
+                pytest.skip("this kernel cannot collapse shared memory (before 6.1)")
+            workers = [ring_huge_bytes(pid) for pid in pf._pool.pids]
+    assert pages["kind"] == _shm.PAGES_THP
+    assert pages["huge_bytes"] == pages["bytes"]
+    assert workers == [pages["bytes"]] * 2
+
+
+def test_an_aligned_mapping_is_a_writable_buffer_freed_with_its_last_user() -> None:
+    fd = os.memfd_create("aligned")
+    try:
+        os.ftruncate(fd, 2 * HUGE)
+        mapping = AlignedMapping(fd, 2 * HUGE, HUGE)
+        assert mapping.address % HUGE == 0 and len(mapping) == 2 * HUGE
+        view = memoryview(mapping)
+        view[-4:] = b"ring"
+        with pytest.raises(BufferError):
+            mapping.close()
+        arr = np.frombuffer(mapping, dtype=np.uint8)
+        del mapping, view  # the array keeps it mapped
+        assert bytes(arr[-4:]) == b"ring"
+        assert os.pread(fd, 4, 2 * HUGE - 4) == b"ring"
+        del arr
+        with open("/proc/self/maps") as f:
+            assert "/memfd:aligned" not in f.read()
+    finally:
+        os.close(fd)
+
+
+def test_huge_pages_can_be_declined(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FASTQ_HUGE_PAGES=0: base pages, whatever the system offers."""
+    monkeypatch.setattr(_shm, "_HUGE_PAGES", False)
+    region = _shm.Region.create(4 * HUGE)
+    try:
+        assert region.pages == _shm.PAGES_BASE
+        assert _shm.huge_bytes_mapped(region.mapping) == 0
+    finally:
+        region.close()
