@@ -24,6 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+# Workers running when the loop starts; the others are parked from the
+# start, so that none makes a batch the first window would count.
+AUTO_START = 1
 # A window closes after this long, once it holds enough batches to judge.
 WINDOW_S = 0.5
 WINDOW_BATCHES = 4
@@ -50,7 +53,8 @@ class Window:
     """What one measurement window saw."""
 
     seconds: float
-    batches: int
+    batches: int  # delivered to the loop
+    made: int  # published by the workers: their rate, whatever the ring holds
     consumer_wait: float  # share of the window the consumer waited
     worker_busy: float  # CPUs' worth of production by the active workers
     worker_wait: float  # active workers' mean share waiting for a slot
@@ -58,7 +62,9 @@ class Window:
 
     @property
     def rate(self) -> float:
-        return self.batches / self.seconds if self.seconds > 0 else 0.0
+        """Batches/s the workers made: the loop's rate plus what the ring
+        gained, so a ring filling or draining does not count as a change."""
+        return self.made / self.seconds if self.seconds > 0 else 0.0
 
 
 class Policy:
@@ -69,7 +75,7 @@ class Policy:
     verdict on one, as (workers, why), for the caller to collect.
     """
 
-    def __init__(self, pool: int, active: int = 1) -> None:
+    def __init__(self, pool: int, active: int = AUTO_START) -> None:
         self.pool = pool
         self.active = max(1, min(pool, active))
         self.reason = f"started with {self.active} of {pool} workers"
@@ -218,6 +224,17 @@ class IdleCpus:
         return share * (len(self._cpus) or cpus)
 
 
+@dataclass(frozen=True)
+class Sample:
+    """The counters at one moment."""
+
+    t: float
+    delivered: int
+    made: int
+    wait_ns: int
+    active: list[tuple[int, int]]  # each active worker's (busy ns, wait ns)
+
+
 class Autotuner:
     """The thread that measures windows and applies `Policy`'s decisions
     to the ring. `counters()` gives (batches delivered, consumer wait ns);
@@ -263,19 +280,21 @@ class Autotuner:
         self.policy.events.clear()
         del self.log[:-LOG_SIZE]
 
-    def _sample(self) -> tuple[float, int, int, list[tuple[int, int]]]:
+    def _sample(self) -> Sample:
         batches, wait_ns = self._counters()
         ring = self._ring
-        workers = [ring.worker_stats(w)[1:3] for w in range(self.policy.active)]
-        return time.monotonic(), batches, wait_ns, workers
+        stats = [ring.worker_stats(w) for w in range(self.policy.pool)]
+        active = [s[1:3] for s in stats[: self.policy.active]]
+        made = sum(s[0] for s in stats)
+        return Sample(time.monotonic(), batches, made, wait_ns, active)
 
     def _run(self) -> None:
         idle = IdleCpus()
         start = self._sample()
         while not self._stop.wait(TICK_S):
             now = self._sample()
-            seconds = now[0] - start[0]
-            batches = now[1] - start[1]
+            seconds = now.t - start.t
+            batches = now.delivered - start.delivered
             if seconds < WINDOW_S or (
                 batches < WINDOW_BATCHES and seconds < WINDOW_MAX_S
             ):
@@ -288,20 +307,17 @@ class Autotuner:
             start = self._sample()
 
     @staticmethod
-    def _window(
-        start: tuple[float, int, int, list[tuple[int, int]]],
-        now: tuple[float, int, int, list[tuple[int, int]]],
-        idle_cpus: float,
-    ) -> Window:
-        seconds = now[0] - start[0]
+    def _window(start: Sample, now: Sample, idle_cpus: float) -> Window:
+        seconds = now.t - start.t
         ns = seconds * 1e9
-        active = list(zip(start[3], now[3]))
+        active = list(zip(start.active, now.active))
         busy = sum(b1 - b0 for (b0, _), (b1, _) in active) / ns
         waits = [(w1 - w0) / ns for (_, w0), (_, w1) in active]
         return Window(
             seconds=seconds,
-            batches=now[1] - start[1],
-            consumer_wait=min(1.0, (now[2] - start[2]) / ns),
+            batches=now.delivered - start.delivered,
+            made=now.made - start.made,
+            consumer_wait=min(1.0, (now.wait_ns - start.wait_ns) / ns),
             worker_busy=busy,
             worker_wait=sum(waits) / len(waits) if waits else 0.0,
             idle_cpus=idle_cpus,

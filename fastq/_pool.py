@@ -450,7 +450,8 @@ class WorkerPool:
         socket, as multiprocessing passes descriptors) and starts watching."""
         for conn, p in zip(self._channels, self.processes):
             try:
-                conn.send(("region", (size, spec, plan)))
+                huge = region.share().huge
+                conn.send(("region", (size, spec, plan, huge)))
                 reduction.send_handle(conn, region.fd, p.pid)
             except OSError:
                 pass  # it died meanwhile: the watcher reports it

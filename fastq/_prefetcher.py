@@ -16,7 +16,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from ._autotune import Autotuner, cpu_budget
+from ._autotune import AUTO_START, Autotuner, cpu_budget
 from ._consumer import Feed
 from ._pool import WorkerPool, get_context
 from ._ring import MAX_SLOTS, MAX_WORKERS, BatchViews, Ring, region_size
@@ -451,6 +451,8 @@ class Prefetcher:
                 self._ring.skip_tasks_to(
                     resume.epoch * self._sampler.batches_per_epoch + resume.first
                 )
+            if self._auto:  # before any worker can take a slot
+                self._ring.set_active(AUTO_START)
             share = self._region.share()
             self._pool = WorkerPool(
                 ctx, [config(w, share, size) for w in range(workers)], self._ring

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from fastq import _zygote
+
 sys.path.insert(0, os.path.dirname(__file__))  # helpers.py for spawn children
 
 START_METHODS = [
@@ -85,8 +87,16 @@ def clean_world() -> Iterator[None]:
         assert not [n for n in new if "fastq" in n], f"/dev/shm leak: {new}"
 
 
+def _skip_fork_after_cuda(method: str) -> None:
+    """On a GPU machine, a CUDA test earlier in the run initialised CUDA in
+    this process, and fastq then refuses fork (tested apart)."""
+    if method == "fork" and _zygote.cuda_initialised():
+        pytest.skip("CUDA is initialised in this process: fork is refused")
+
+
 @pytest.fixture(params=START_METHODS)
 def start_method(request: pytest.FixtureRequest) -> str:
+    _skip_fork_after_cuda(str(request.param))
     return str(request.param)
 
 
@@ -96,4 +106,5 @@ def started_by(request: pytest.FixtureRequest) -> dict[str, str]:
     method, or threads."""
     if request.param == "thread":
         return {"worker_method": "thread"}
+    _skip_fork_after_cuda(str(request.param))
     return {"start_method": str(request.param)}

@@ -29,6 +29,7 @@ def window(
     return Window(
         seconds=1.0,
         batches=int(rate),
+        made=int(rate),
         consumer_wait=consumer_wait,
         worker_busy=worker_busy,
         worker_wait=worker_wait,
@@ -125,7 +126,9 @@ def test_a_surplus_must_last_before_parking() -> None:
 
 def test_windows_with_too_few_batches_decide_nothing() -> None:
     p = Policy(pool=8)
-    quiet = Window(1.0, 1, consumer_wait=0.9, worker_busy=0, worker_wait=0, idle_cpus=8)
+    quiet = Window(
+        1.0, 1, 1, consumer_wait=0.9, worker_busy=0, worker_wait=0, idle_cpus=8
+    )
     assert p.decide(quiet) is None
     assert p.active == 1
 
