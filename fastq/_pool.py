@@ -450,8 +450,7 @@ class WorkerPool:
         socket, as multiprocessing passes descriptors) and starts watching."""
         for conn, p in zip(self._channels, self.processes):
             try:
-                huge = region.share().huge
-                conn.send(("region", (size, spec, plan, huge)))
+                conn.send(("region", (size, spec, plan)))
                 reduction.send_handle(conn, region.fd, p.pid)
             except OSError:
                 pass  # it died meanwhile: the watcher reports it

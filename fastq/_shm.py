@@ -165,16 +165,15 @@ class SharedFd:
     passed by the start method's own descriptor passing under spawn and
     forkserver (multiprocessing.reduction.DupFd)."""
 
-    def __init__(self, fd: int, huge: bool = False) -> None:
+    def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.huge = huge  # made of transparent huge pages by its creator
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_shared_fd, (reduction.DupFd(self.fd), self.huge))
+        return (_rebuild_shared_fd, (reduction.DupFd(self.fd),))
 
 
-def _rebuild_shared_fd(dup: Any, huge: bool = False) -> SharedFd:
-    return SharedFd(dup.detach(), huge)
+def _rebuild_shared_fd(dup: Any) -> SharedFd:
+    return SharedFd(dup.detach())
 
 
 class Region:
@@ -320,22 +319,17 @@ class Region:
     def attach(cls, shared: SharedFd, size: int) -> Region:
         """Maps a region created in another process (in a worker). Its
         pages exist already, huge where the creator got huge pages; an
-        aligned mapping maps those whole here too, and where a page table
-        this process had there already holds it to base pages, a collapse
-        maps them whole (the pages are huge already: nothing is copied)."""
+        aligned mapping maps those whole here too."""
         fd = shared.fd
         try:
             mapping = _map(fd, size)
-            if shared.huge and isinstance(mapping, AlignedMapping):
-                with contextlib.suppress(OSError):
-                    mapping.madvise(_MADV_COLLAPSE)
         finally:
             # The mapping keeps the memory; the descriptor is not needed.
             os.close(fd)
         return cls(-1, size, mapping)
 
     def share(self) -> SharedFd:
-        return SharedFd(self.fd, self.pages == PAGES_THP)
+        return SharedFd(self.fd)
 
     def close(self) -> None:
         """Closes the descriptor. The mapping lives on while anything still

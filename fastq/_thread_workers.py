@@ -77,11 +77,7 @@ class ThreadWorker:
         given (the region's once mapped, its channel once the ring is
         there), and the pool closes its copies once the worker started."""
         cfg = self._cfg
-        region = (
-            None
-            if cfg.region is None
-            else SharedFd(os.dup(cfg.region.fd), cfg.region.huge)
-        )
+        region = None if cfg.region is None else SharedFd(os.dup(cfg.region.fd))
         channel = None
         if cfg.channel is not None:
             channel = Connection(os.dup(cfg.channel.fileno()))

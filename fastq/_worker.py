@@ -239,14 +239,13 @@ def _await_ring(
                     fresh = True  # answered above
         if kind != "region":
             return None
-        size, spec, layout, huge = payload
+        size, spec, layout = payload
         fd = reduction.recv_handle(conn)
     except (EOFError, OSError):
         return None
     finally:
         conn.close()
-    cfg.region, cfg.region_size = SharedFd(fd, huge), size
-    cfg.spec, cfg.plan = spec, layout
+    cfg.region, cfg.region_size, cfg.spec, cfg.plan = SharedFd(fd), size, spec, layout
     cfg.first_plan = plan  # the task whose batch is kept, if one was made
     return it, batch
 

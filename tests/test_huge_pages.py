@@ -170,6 +170,11 @@ def test_where_shmem_says_never_the_pages_are_collapsed_for_every_worker() -> No
     with system_setting(_shm._THP_SHMEM, "never"):
         with fastq.Prefetcher(Images(), batch_size=ROWS, workers=2) as pf:
             check_epoch(pf)
+            # Until each worker has made a batch: it has mapped the ring.
+            for _ in range(100):
+                if all(w["batches"] for w in pf.stats()["workers"]):
+                    break
+                check_epoch(pf)
             pages = pf.stats()["pages"]
             if pages["kind"] == _shm.PAGES_BASE:
                 pytest.skip("this kernel cannot collapse shared memory (before 6.1)")
