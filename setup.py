@@ -27,7 +27,8 @@ ring = Extension(
 rows = Extension(
     "fastq._rows",
     sources=["src_c/_rows.pyx"],
-    include_dirs=[numpy.get_include()],
+    include_dirs=["src_c", numpy.get_include()],
+    depends=["src_c/fq_stream.h"],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     extra_compile_args=CFLAGS,
 )

@@ -27,17 +27,33 @@ import numpy as np
 cdef extern from "Python.h":
     object PyObject_CallOneArg(object func, object arg)
 
+cdef extern from "fq_stream.h" nogil:
+    void fq_stream_copy(void *dst, const void *src, size_t n)
+
 cnp.import_array()
 
 # Copies this large let go of the GIL: any other thread of the worker (a
 # user's reader thread, the consumer watch) runs while the bytes move.
 DEF NOGIL_BYTES = 1 << 20
+# A sample's arrays are written with non-temporal stores (fq_stream.h) when
+# the batch is larger than a last-level cache's share, and the array is
+# large enough that the fence after it costs nothing.
+STREAM_BATCH_BYTES = 8 << 20
+DEF STREAM_ROW_BYTES = 4096
 
 cdef enum ScalarKind:
     NOT_SCALAR = 0
     NUMPY_SCALAR = 1  # the field's own numpy scalar type, native byte order
     INT64 = 2  # also takes a Python int that fits
     FLOAT64 = 3  # also takes a Python float
+
+
+cdef inline void _stream(char *dst, const char *src, size_t n) noexcept:
+    if n >= NOGIL_BYTES:
+        with nogil:
+            fq_stream_copy(dst, src, n)
+    else:
+        fq_stream_copy(dst, src, n)
 
 
 cdef inline void _copy(char *dst, const char *src, size_t n) noexcept:
@@ -60,6 +76,7 @@ cdef class RowWriter:
     cdef Py_ssize_t nfields
     cdef bint single  # the spec is one bare array, not a structure
     cdef bint flat  # a flat tuple of leaves needs no flattening
+    cdef bint stream  # large batches: rows written with non-temporal stores
     cdef list dtypes  # owns what descr points to
     cdef list scalar_types  # owns what scalar_type points to
     cdef int *ndim
@@ -99,6 +116,7 @@ cdef class RowWriter:
         self.nfields = len(fields)
         self.single = spec.structure is None
         self.flat = bool(spec.flat)
+        self.stream = spec.slot_bytes >= STREAM_BATCH_BYTES
         self.dtypes = [f.dtype for f in fields]
         self.scalar_types = [f.dtype.type for f in fields]
         n = max(1, self.nfields)
@@ -265,7 +283,10 @@ cdef class RowWriter:
             if descr != self.descr[i] and not cnp.PyArray_EquivTypes(
                     <object>cnp.PyArray_DESCR(a), <object>self.descr[i]):
                 return False
-            _copy(dst, <const char *>cnp.PyArray_DATA(a), self.row_bytes[i])
+            if self.stream and self.row_bytes[i] >= STREAM_ROW_BYTES:
+                _stream(dst, <const char *>cnp.PyArray_DATA(a), self.row_bytes[i])
+            else:
+                _copy(dst, <const char *>cnp.PyArray_DATA(a), self.row_bytes[i])
             return True
         if kind == NOT_SCALAR:
             return False
