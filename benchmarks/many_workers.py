@@ -64,7 +64,6 @@ import argparse
 import glob
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -77,6 +76,7 @@ from typing import Any
 import numpy as np
 
 import fastq
+from fastq._bench.report import machine
 
 BATCH = 4
 MARK = "MANY-WORKERS-RESULT "
@@ -339,22 +339,6 @@ def run_one(args: argparse.Namespace, w: int, strace: str | None) -> dict[str, A
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return (
-        f"{model}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
-        f"Python {platform.python_version()}, numpy {np.__version__}"
-    )
 
 
 def fmt(x: Any, spec: str) -> str:

@@ -38,7 +38,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -48,6 +47,8 @@ from collections import deque
 from typing import Any, Callable
 
 import numpy as np
+
+from fastq._bench.report import machine
 
 VARIANTS = ("getitem", "rows", "noseed", "fill")
 SHAPES = ("small", "medium")
@@ -213,24 +214,6 @@ def _wall(shape: str, blocks: int, per_block: int) -> dict[str, float]:
     }
 
 
-def _machine() -> dict[str, Any]:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "machine": f"{platform.node()} {platform.machine()}, "
-        f"{os.cpu_count()} CPUs, Linux {platform.release()}, "
-        f"Python {platform.python_version()}, numpy {np.__version__}",
-        "cpu": model,
-    }
-
-
 def measure(
     shapes: tuple[str, ...],
     lengths: tuple[int, int],
@@ -241,7 +224,7 @@ def measure(
     from fastq._bench.workloads import WORKLOADS
 
     result: dict[str, Any] = {
-        **_machine(),
+        "machine": machine(),
         "command": "python " + " ".join(sys.argv),
         "shapes": {},
     }
@@ -283,7 +266,6 @@ def measure(
 def table(result: dict[str, Any]) -> str:
     lines = [
         f"machine: {result['machine']}",
-        f"cpu: {result['cpu']}",
         f"command: {result['command']}",
         "",
         "Per sample, map-style path (one worker's per-task fill, in process):",

@@ -84,7 +84,6 @@ class Policy:
         self._settling = False  # the window after a change: not judged
         self._surplus = 0
         self._hold = 0
-        self._rate = 0.0  # the last judged rate at the current count
 
     def decide(self, w: Window) -> tuple[int, str] | None:
         if w.batches < 2:
@@ -94,7 +93,6 @@ class Policy:
             return None
         if self._trial is not None:
             return self._judge_trial(w)
-        self._rate = w.rate
         if self._hold:
             self._hold -= 1
         if w.consumer_wait > STARVED:
@@ -139,7 +137,6 @@ class Policy:
         before, rate_before = self._trial
         self._trial = None
         if w.rate >= rate_before * GAIN:
-            self._rate = w.rate
             self.reason += f" (kept: {rate_before:.1f} -> {w.rate:.1f} batches/s)"
             self.events.append((self.active, self.reason))
             return None
@@ -237,8 +234,9 @@ class Sample:
 
 class Autotuner:
     """The thread that measures windows and applies `Policy`'s decisions
-    to the ring. `counters()` gives (batches delivered, consumer wait ns);
-    `worker_stats(w)` gives (batches, busy ns, wait ns, pid)."""
+    to the ring, whose workers were parked down to AUTO_START before any
+    started. `counters()` gives (batches delivered, consumer wait ns);
+    the ring's `worker_stats(w)` gives (batches, busy ns, wait ns, pid)."""
 
     def __init__(
         self,
@@ -252,7 +250,6 @@ class Autotuner:
         self.log: list[dict[str, Any]] = []
         self._t0 = time.monotonic()
         self._collect()
-        ring.set_active(self.policy.active)
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name="fastq-autotune", daemon=True
@@ -260,7 +257,7 @@ class Autotuner:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stops the thread and waits for it: the ring may be unmapped next."""
+        """Stops the thread and waits for it, so that none outlives close()."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()

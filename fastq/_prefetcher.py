@@ -731,7 +731,7 @@ class Prefetcher:
     def _teardown(self) -> None:
         tuner, self._tuner = self._tuner, None
         if tuner is not None:
-            tuner.stop()  # it reads the ring, which is unmapped below
+            tuner.stop()  # no thread of this Prefetcher outlives close()
         try:
             if self._pool is not None:
                 self._pool.close()

@@ -8,6 +8,8 @@ from ._spec import BatchSpec
 
 class RowWriter:
     row: int
+    @property
+    def stream(self) -> bool: ...
     def __init__(self, spec: BatchSpec) -> None: ...
     def write_samples(
         self,

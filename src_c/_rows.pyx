@@ -48,20 +48,21 @@ cdef enum ScalarKind:
     FLOAT64 = 3  # also takes a Python float
 
 
-cdef inline void _stream(char *dst, const char *src, size_t n) noexcept:
-    if n >= NOGIL_BYTES:
-        with nogil:
-            fq_stream_copy(dst, src, n)
-    else:
+cdef inline void _move(char *dst, const char *src, size_t n, bint stream) noexcept nogil:
+    if stream:
         fq_stream_copy(dst, src, n)
-
-
-cdef inline void _copy(char *dst, const char *src, size_t n) noexcept:
-    if n >= NOGIL_BYTES:
-        with nogil:
-            memcpy(dst, src, n)
     else:
         memcpy(dst, src, n)
+
+
+cdef inline void _copy(char *dst, const char *src, size_t n,
+                       bint stream=False) noexcept:
+    """memcpy, or non-temporal stores with `stream` (fq_stream.h)."""
+    if n >= NOGIL_BYTES:
+        with nogil:
+            _move(dst, src, n, stream)
+    else:
+        _move(dst, src, n, stream)
 
 
 cdef class RowWriter:
@@ -76,7 +77,7 @@ cdef class RowWriter:
     cdef Py_ssize_t nfields
     cdef bint single  # the spec is one bare array, not a structure
     cdef bint flat  # a flat tuple of leaves needs no flattening
-    cdef bint stream  # large batches: rows written with non-temporal stores
+    cdef readonly bint stream  # large batches: rows in non-temporal stores
     cdef list dtypes  # owns what descr points to
     cdef list scalar_types  # owns what scalar_type points to
     cdef int *ndim
@@ -283,10 +284,8 @@ cdef class RowWriter:
             if descr != self.descr[i] and not cnp.PyArray_EquivTypes(
                     <object>cnp.PyArray_DESCR(a), <object>self.descr[i]):
                 return False
-            if self.stream and self.row_bytes[i] >= STREAM_ROW_BYTES:
-                _stream(dst, <const char *>cnp.PyArray_DATA(a), self.row_bytes[i])
-            else:
-                _copy(dst, <const char *>cnp.PyArray_DATA(a), self.row_bytes[i])
+            _copy(dst, <const char *>cnp.PyArray_DATA(a), self.row_bytes[i],
+                  self.stream and self.row_bytes[i] >= STREAM_ROW_BYTES)
             return True
         if kind == NOT_SCALAR:
             return False

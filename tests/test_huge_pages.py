@@ -214,3 +214,24 @@ def test_huge_pages_can_be_declined(monkeypatch: pytest.MonkeyPatch) -> None:
         assert _shm.huge_bytes_mapped(region.mapping) == 0
     finally:
         region.close()
+
+
+def test_a_collapse_the_kernel_refuses_leaves_base_pages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """shmem_enabled=never and a kernel that refuses the collapse (an advice
+    it does not know, as before Linux 6.1: EINVAL for real): base pages, all
+    reserved, no error."""
+    monkeypatch.setattr(_shm, "shmem_thp_mode", lambda: "never")
+    monkeypatch.setattr(_shm, "_meminfo", lambda: {"Hugepagesize": HUGE // 1024})
+    monkeypatch.setattr(_shm, "_MADV_COLLAPSE", 9999)
+    region = _shm.Region.create(4 * HUGE)
+    try:
+        assert region.pages == _shm.PAGES_BASE and region.size == 4 * HUGE
+        assert region.huge_bytes() == 0
+        assert os.fstat(region.fd).st_blocks * 512 >= region.size  # reserved
+        with memoryview(region.mapping) as view:
+            view[-4:] = b"ring"
+            assert view[-4:] == b"ring"
+    finally:
+        region.close()

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastq._rows import RowWriter, copy_rows
+import fastq
+from fastq._rows import STREAM_BATCH_BYTES, RowWriter, copy_rows
 from fastq._spec import BatchSpec
 from fastq.errors import SpecError
 
@@ -224,3 +225,43 @@ def test_copy_rows_is_numpys_slice_assignment(src: np.ndarray[Any, Any]) -> None
     copy_rows(dst, src, 4)
     ref[:4] = src
     np.testing.assert_array_equal(dst, ref)
+
+
+# A large batch of rows whose size is no multiple of 16: rows start at every
+# alignment, so the streaming copy's unaligned head and tail are exercised.
+BIG_ROW = (3, 227, 227)
+BIG_ROWS = 64
+
+
+class BigRows:
+    def __len__(self) -> int:
+        return 3 * BIG_ROWS
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray[Any, Any], int]:
+        rng = np.random.default_rng(i)
+        return rng.integers(0, 256, BIG_ROW, dtype=np.uint8), i
+
+
+def test_rows_of_a_large_batch_are_streamed_bit_for_bit() -> None:
+    fields = [("image", BIG_ROW, np.dtype(np.uint8)), ("label", (), np.dtype(np.int64))]
+    spec = BatchSpec(("tuple", 2, (None, None)), fields, BIG_ROWS)
+    assert spec.slot_bytes >= STREAM_BATCH_BYTES
+    writer = RowWriter(spec)
+    assert writer.stream
+    views = spec.views(bytearray(spec.slot_bytes), BIG_ROWS)
+    ds = BigRows()
+    writer.write_samples(ds.__getitem__, list(range(BIG_ROWS)), views)
+    assert np.array_equal(views[0], np.stack([ds[i][0] for i in range(BIG_ROWS)]))
+    assert views[1].tolist() == list(range(BIG_ROWS))
+
+
+def test_streamed_rows_reach_the_consumer_whole() -> None:
+    """Across processes: the fence after the non-temporal stores comes
+    before the slot is published, so the consumer reads every byte."""
+    ds = BigRows()
+    with fastq.Prefetcher(ds, batch_size=BIG_ROWS, workers=2) as pf:
+        for _ in range(2):
+            for b, (images, labels) in enumerate(pf):
+                rows = range(b * BIG_ROWS, (b + 1) * BIG_ROWS)
+                assert labels.tolist() == list(rows)
+                assert np.array_equal(images, np.stack([ds[i][0] for i in rows]))
