@@ -37,9 +37,39 @@ GRACE_SECONDS = 0.5
 
 
 def default_start_method() -> str:
-    """forkserver where it exists (safe in a threaded parent, cheap after the
-    first start), else spawn: the same answer on every Python version."""
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    """The start method behind ``start_method=None``: ``fork`` where the
+    platform has it and CUDA is not initialised here (DataLoader's default
+    on Linux; see NOTE [ Default start method ]), else ``forkserver``
+    (through the zygote, fastq/_zygote.py) or ``spawn``."""
+    methods = mp.get_all_start_methods()
+    if "fork" in methods and not _cuda_forbids_fork():
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+def _cuda_forbids_fork() -> bool:
+    return _zygote.cuda_initialised()
+
+
+# NOTE [ Default start method ]
+#
+# Without start_method=, workers are forked from the training process, as
+# DataLoader's are on Linux: they inherit the dataset, collate_fn and
+# worker_init as they are, so lambdas, closures, classes a notebook cell or
+# `python -c` defines, multiprocessing objects of the default context and
+# large arrays (shared copy-on-write, at fork's cost) all reach them, and
+# nothing the script imported is imported again. A fork is made whatever
+# threads the process runs, as DataLoader's is: the child runs only the
+# worker loop and the dataset, CPython, glibc, OpenBLAS and torch reset
+# their own locks and thread pools in a forked child, and workers run
+# torch and BLAS on one thread (worker_threads=1).
+#
+# Once CUDA is initialised here a forked child cannot use it, so workers
+# then start from the zygote (a copy of this process forked at
+# `import fastq.torch`, before CUDA) or multiprocessing's fork server, and
+# the user's objects are pickled for them (fastq/_handoff.py): by value
+# where they cannot be imported (cloudpickle), large arrays as one shared
+# copy, descriptors duplicated for each worker.
 
 
 def get_context(start_method: str | None) -> Any:
@@ -49,18 +79,16 @@ def get_context(start_method: str | None) -> Any:
             f"start_method={start_method!r} is not available here; use one of "
             f"{[m for m in START_METHODS if m in mp.get_all_start_methods()]}"
         )
-    if method == "fork":
+    if method == "fork" and start_method is not None:
         _refuse_fork_after_cuda()
     if start_method is None and method == "forkserver":
-        # The default: workers fork from the zygote (fastq/_zygote.py), a
-        # fork server forked from this process, so they share what the
-        # script imported (torch for one) instead of importing it again.
+        # CUDA is initialised: workers fork from the zygote if one was
+        # forked before (it shares what the script imported, torch for one).
         zygote = _zygote.context()
         if zygote is not None:
             return zygote
-        # A thread or CUDA here (no zygote can be forked now), or a Python
-        # whose multiprocessing the zygote does not know: the normal fork
-        # server, the same start method, only slower to start.
+        # No zygote could be forked (threads, CUDA, a Python whose
+        # multiprocessing the zygote does not know): the normal fork server.
     ctx = mp.get_context(method)
     if method == "forkserver":
         # Workers fork from a server that already imported what they need.
@@ -115,56 +143,6 @@ def _sigint_ignored() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
         # A Ctrl+C that arrived meanwhile was dropped; the next one works.
-
-
-class _Discard:
-    def write(self, data: bytes) -> int:
-        return len(data)
-
-
-def _check_main_importable(method: str, cfg: WorkerConfig) -> None:
-    if method == "fork":  # workers inherit __main__ as it is
-        return
-    names = _unimportable_main_names((cfg.source, cfg.worker_init))
-    if names:
-        raise ConfigError(
-            f"the source or worker_init uses {', '.join(names)}, defined in the "
-            "__main__ of `python -c`, standard input, an interactive session or "
-            f"a notebook, which start_method={method!r} workers cannot import. "
-            "Move it into a module you import, or use start_method='fork'"
-        )
-
-
-def _unimportable_main_names(obj: Any) -> list[str]:
-    """Classes and functions that obj's pickle takes from a __main__ with no
-    file behind it: a spawned or forkserver worker re-imports __main__ from
-    its file, so these would fail there with an AttributeError."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    # `python -` names its __main__ "<stdin>": a file that does not exist.
-    if main is None or (path and os.path.exists(path)):
-        return []
-    found: list[str] = []
-
-    class Finder(pickle.Pickler):
-        def reducer_override(self, o: Any) -> Any:
-            if type(o) is np.ndarray and not o.dtype.hasobject:
-                return tuple, ()  # its bytes name nothing: not copied here
-            return NotImplemented
-
-        def persistent_id(self, o: Any) -> None:
-            if (
-                isinstance(o, (type, types.FunctionType))
-                and getattr(o, "__module__", None) == "__main__"
-                and o.__qualname__ not in found
-            ):
-                found.append(o.__qualname__)
-
-    try:
-        Finder(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    except Exception:  # start() reports what cannot be pickled
-        return []
-    return found
 
 
 # Pools alive in this process, for the fork and exit hooks below.
@@ -317,7 +295,6 @@ class WorkerPool:
                 for c in configs
             )
             if not threads:
-                _check_main_importable(self._method, first)
                 self._handoff = handoff_for_workers((first.source, first.worker_init))
             for cfg in configs:
                 cfg.handoff = self._handoff

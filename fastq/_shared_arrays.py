@@ -126,39 +126,61 @@ def _segment_of(arr: np.ndarray[Any, Any]) -> _Segment | None:
 class Handoff:
     """The user's objects pickled once for every worker of a pool, with
     their large arrays in shared memory. ``payload()`` is made the first
-    time a worker is started by spawn or forkserver (never under fork);
-    ``close()`` releases this process's hold on the copied arrays (each
-    worker keeps its mapping)."""
+    time a worker is started by spawn or forkserver (never under fork):
+    the pickle, the memfds its arrays lie in, and the descriptors its
+    objects hold (each worker is passed duplicates of its own). ``close()``
+    releases this process's hold on the copied arrays (each worker keeps
+    its mapping)."""
 
-    def __init__(self, objs: Any, pickler: Any) -> None:
+    def __init__(self, objs: Any, dump: Any) -> None:
         self._objs = objs
-        self._pickler = pickler
-        self._payload: tuple[bytes, list[SharedFd]] | None = None
+        self._dump = dump  # (objs, file, arrays) -> the descriptors it names
+        self._payload: Payload | None = None
         self._copied = -1  # the memfd of copied arrays
 
-    def payload(self) -> tuple[bytes, list[SharedFd]]:
+    def payload(self) -> Payload:
         if self._payload is None:
             self._payload = self._make()
         return self._payload
 
-    def _make(self) -> tuple[bytes, list[SharedFd]]:
+    def _make(self) -> Payload:
         found = _Arrays()
         buf = io.BytesIO()
         # The pickler's reducer_override hands every object to found.reduce.
-        self._pickler(buf, pickle.HIGHEST_PROTOCOL, found).dump(self._objs)
+        descriptors = self._dump(self._objs, buf, found)
         fds = [SharedFd(s.fd) for s in found.segments]
         if found.copied:
             self._copied = _filled_memfd(
                 "fastq-dataset-arrays", found.copy_bytes, found.copied
             )
             fds.append(SharedFd(self._copied))
-        return buf.getvalue(), fds
+        return buf.getvalue(), fds, [SharedFd(fd) for fd in descriptors]
 
     def close(self) -> None:
         self._objs = None
         if self._copied >= 0:
             os.close(self._copied)
             self._copied = -1
+
+
+# A pickle, the memfds of its arrays, the descriptors its objects hold.
+Payload = tuple[bytes, list[SharedFd], list[SharedFd]]
+
+
+class PayloadFd:
+    """A descriptor an object in the payload holds (what
+    multiprocessing.reduction.DupFd returns while it is pickled): its index
+    among the payload's descriptors. ``detach()`` in the worker gives a
+    duplicate of the worker's own, as DupFd's does."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PayloadFd, (self.index,))
+
+    def detach(self) -> int:
+        return os.dup(_incoming_fds[self.index])
 
 
 class _Arrays:
@@ -253,17 +275,21 @@ def _contiguous_strides(arr: np.ndarray[Any, Any]) -> tuple[int, ...]:
 # ------------------------------------------------------------ worker side
 
 # While a worker unpickles the user's objects: the memfds of the payload,
-# mapped copy-on-write.
+# mapped copy-on-write, and the descriptors its objects hold.
 _incoming: list[mmap.mmap] = []
+_incoming_fds: list[int] = []
 
 
-def load_for_worker(data: bytes, fds: list[SharedFd]) -> Any:
+def load_for_worker(
+    data: bytes, fds: list[SharedFd], descriptors: list[SharedFd]
+) -> Any:
     """The user's objects, in a worker: maps the payload's memfds, then
-    unpickles (each array a view of its mapping)."""
-    global _incoming
+    unpickles (each array a view of its mapping, each object's descriptor
+    a duplicate of the one passed for it)."""
+    global _incoming, _incoming_fds
     mappings = []
-    for shared in fds:
-        try:
+    try:
+        for shared in fds:
             size = os.fstat(shared.fd).st_size
             mappings.append(
                 mmap.mmap(
@@ -273,13 +299,12 @@ def load_for_worker(data: bytes, fds: list[SharedFd]) -> Any:
                     prot=mmap.PROT_READ | mmap.PROT_WRITE,
                 )
             )
-        finally:
-            os.close(shared.fd)  # the mapping keeps the memory
-    _incoming = mappings
-    try:
+        _incoming, _incoming_fds = mappings, [d.fd for d in descriptors]
         return pickle.loads(data)
     finally:
-        _incoming = []
+        _incoming, _incoming_fds = [], []
+        for shared in (*fds, *descriptors):
+            os.close(shared.fd)  # the mappings and the objects' duplicates stay
 
 
 def _attach(
@@ -293,4 +318,11 @@ def _attach(
     return np.ndarray(shape, dtype, buffer=mapping, offset=offset, strides=strides)
 
 
-__all__ = ["SHARE_AT_BYTES", "Handoff", "load_for_worker", "shared_array"]
+__all__ = [
+    "SHARE_AT_BYTES",
+    "Handoff",
+    "Payload",
+    "PayloadFd",
+    "load_for_worker",
+    "shared_array",
+]

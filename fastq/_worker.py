@@ -114,11 +114,11 @@ class WorkerConfig:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        data, fds = state.pop("_user")
+        data, fds, descriptors = state.pop("_user")
         state["handoff"] = None
         self.__dict__.update(state)
         try:
-            values = load_for_worker(data, fds)
+            values = load_for_worker(data, fds, descriptors)
         except Exception as exc:
             _leave_startup_note(self.stack_file, "source", exc)
             raise

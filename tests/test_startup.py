@@ -1,7 +1,9 @@
-"""The default start method's zygote: workers fork from a server forked from
-the script, so they share what it imported; a parent with threads falls
-back to the normal fork server; nothing outlives the script. Each script
-runs in a fresh interpreter, and the world is checked afterwards."""
+"""The default start method once CUDA is initialised: workers fork from the
+zygote, a server forked from the script, so they share what it imported; a
+parent with threads falls back to the normal fork server; nothing outlives
+the script. Each script runs in a fresh interpreter, told that CUDA forbids
+forking its workers (no GPU is needed), and the world is checked afterwards.
+Before CUDA, workers fork from the script itself (tests/test_user_objects.py)."""
 
 from __future__ import annotations
 
@@ -62,8 +64,12 @@ import json, os, sys, threading, time
 import numpy as np
 import probe  # imported once, here; the workers must not import it again
 import fastq
+from fastq import _pool
 from fastq import _zygote as zygote
 from where import WhereAmI
+
+# As once CUDA is initialised: the default start method is the zygote's.
+_pool._cuda_forbids_fork = lambda: True
 
 
 def take(**kw):
@@ -175,27 +181,34 @@ def test_python_dash_c(project: Path) -> None:
     assert imports(project) == [out["me"]]
 
 
-def test_main_defined_source_refused_under_dash_c(project: Path) -> None:
-    """As under the normal fork server: workers cannot import a `-c` main."""
+def test_main_defined_source_reaches_zygote_workers_under_dash_c(
+    project: Path,
+) -> None:
+    """No worker can import a `-c` main: its class and a lambda travel by
+    value (cloudpickle) to the zygote's workers."""
     code = textwrap.dedent(
         """
-        import fastq
+        from common import *
 
         class Local:
+            def __init__(self):
+                self.f = lambda i: 10 * i
+
             def __len__(self):
                 return 4
 
             def __getitem__(self, i):
-                return i
+                return np.int64(self.f(i)), np.int64(os.getppid())
 
-        try:
-            fastq.Prefetcher(Local(), batch_size=2, workers=1)
-        except fastq.ConfigError as e:
-            print("refused:", e)
+        with fastq.Prefetcher(Local(), batch_size=2, workers=1) as pf:
+            rows = [int(x) for b in pf for x in b[0]]
+            parents = sorted({int(p) for b in pf for p in b[1]})
+        say(rows=rows, parents=parents, server=zygote.server_pid())
         """
     )
-    stdout = run_python(project, "-c", code)
-    assert "refused:" in stdout and "Local" in stdout
+    out = json.loads(run_python(project, "-c", code).splitlines()[-1])
+    assert out["rows"] == [0, 10, 20, 30]
+    assert out["server"] is not None and out["parents"] == [out["server"]]
 
 
 def test_repeated_prefetchers_reuse_the_zygote(project: Path) -> None:
