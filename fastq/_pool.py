@@ -196,6 +196,25 @@ def _check_can_start_workers() -> None:
         )
 
 
+@contextlib.contextmanager
+def _no_missing_main_file() -> Iterator[None]:
+    """Hides the file of a __main__ read from standard input (`python -`
+    names it "<stdin>") while a worker starts: spawn and the fork server
+    would run that path as the worker's main module and fail, where an
+    empty main is what such a worker needs (the source travels by value,
+    fastq/_handoff.py)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path or os.path.exists(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
+
+
 class _ExitHook:
     """Closes every live pool when the interpreter exits, before
     multiprocessing's own exit handler SIGTERMs and joins (without a
@@ -436,7 +455,7 @@ class WorkerPool:
     @staticmethod
     def _start(p: Any, ctx: Any) -> None:
         try:
-            with _sigint_ignored():
+            with _sigint_ignored(), _no_missing_main_file():
                 p.start()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             method = ctx.get_start_method()

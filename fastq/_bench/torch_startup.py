@@ -1,6 +1,6 @@
 """Time to the first batch and worker memory when the script has imported
-torch: fastq per start method (its default's zygote among them) beside
-torch's DataLoader. Each run is a fresh interpreter running this module
+torch: fastq per start method (its default, and its zygote, the default
+once CUDA is initialised) beside torch's DataLoader. Each run is a fresh interpreter running this module
 (`python -m fastq._bench.torch_startup JOB`), which imports torch before
 the clock starts, as a training script does."""
 
@@ -18,13 +18,15 @@ from typing import Any
 from . import procstat
 
 # What each run builds: (loader, start method); "default" is the loader's
-# own default (fastq: the zygote, where one can be forked; DataLoader: the
-# interpreter's default, fork on Linux before Python 3.14).
+# own default (fastq: fork; DataLoader: the interpreter's default, fork on
+# Linux before Python 3.14); "zygote" is fastq's default once CUDA is
+# initialised (told so, with no GPU), fastq.torch imported at the top.
 CONFIGS = (
     ("fastq", "fork"),
     ("fastq", "spawn"),
     ("fastq", "forkserver"),
     ("fastq", "default"),
+    ("fastq", "zygote"),
     ("DataLoader", "default"),
 )
 REPEATS = 5
@@ -147,14 +149,16 @@ def _order(loader: str, method: str) -> int:
 
 
 def _actual(loader: str, method: str, server: int | None) -> str:
-    """The start method a run used: fastq's default is the zygote where one
-    can be forked (the workers' parent is then fastq's server)."""
-    if method != "default":
+    """The start method a run used: the workers' parent is this process
+    (fork), the zygote, or multiprocessing's fork server."""
+    if method not in ("default", "zygote"):
         return method
     if loader == "fastq":
         from fastq import _zygote
 
-        return "zygote" if server and server == _zygote.server_pid() else "forkserver"
+        if server is None:
+            return "fork"
+        return "zygote" if server == _zygote.server_pid() else "forkserver"
     import multiprocessing
 
     return multiprocessing.get_start_method()
@@ -176,8 +180,13 @@ def _measure(loader: str, method: str, workers: int) -> Run:
 
     from .torch_dataset import Images
 
+    if method == "zygote":
+        import fastq.torch  # noqa: F401 (forks the zygote, as at a script's top)
+        from fastq import _pool
+
+        _pool._cuda_forbids_fork = lambda: True  # as once CUDA is initialised
     dataset = Images(SAMPLES)
-    context = None if method == "default" else method
+    context = None if method in ("default", "zygote") else method
     gc.collect()
     t0 = time.perf_counter()
     if loader == "fastq":

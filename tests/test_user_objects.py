@@ -1,0 +1,239 @@
+"""Whatever DataLoader takes with default arguments, fastq takes: lambdas
+and closures anywhere in the source and worker_init, multiprocessing
+objects of the default context shared with every worker and with this
+process, and large arrays at fork's cost; under the start methods that
+pickle, the same objects by value (cloudpickle) or, for multiprocessing
+objects, made with that start method's context. Classes of a __main__
+without a file (`python -c`, standard input, a notebook) are in
+tests/test_main_without_file.py."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fastq
+from fastq import _pool
+
+PICKLING_METHODS = [m for m in ("spawn", "forkserver") if m in mp.get_all_start_methods()]
+SAMPLES = 24
+BATCH = 4
+
+
+def test_default_start_method_forks_from_this_process() -> None:
+    class Parent:
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> Any:
+            return np.int64(os.getppid())
+
+    assert _pool.default_start_method() == "fork"
+    with fastq.Prefetcher(Parent(), batch_size=4, workers=2, copy=True) as pf:
+        parents = {int(p) for b in pf for p in b}
+    assert parents == {os.getpid()}
+
+
+def test_after_cuda_the_default_pickles_for_the_zygote_or_fork_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once CUDA is initialised a forked child cannot use it: workers start
+    from a server instead, and get a lambda by value."""
+    monkeypatch.setattr(_pool, "_cuda_forbids_fork", lambda: True)
+    assert _pool.default_start_method() == "forkserver"
+    source = Transformed(lambda i: 3 * i)
+    with fastq.Prefetcher(source, batch_size=BATCH, workers=2, copy=True) as pf:
+        assert [int(x) for b in pf for x in b[0]] == [3 * i for i in range(SAMPLES)]
+        assert {int(p) for b in pf for p in b[1]} != {os.getpid()}
+
+
+# ------------------------------------------------------ lambdas, closures
+
+
+class Transformed:
+    """Applies a transform held as an attribute (torchvision's
+    transforms.Lambda, a tutorial's `lambda x: x / 255`); sample i is
+    (transform(i), the worker's parent pid, what worker_init left)."""
+
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> Any:
+        left = int(os.environ.get("FASTQ_TEST_INIT", "-1"))
+        return np.int64(self.transform(i)), np.int64(os.getppid()), np.int64(left)
+
+
+def _make_closures(scale: int, offset: int) -> tuple[Any, Any]:
+    def transform(i: int) -> int:
+        return scale * i + offset
+
+    def worker_init(worker_id: int) -> None:
+        os.environ["FASTQ_TEST_INIT"] = str(offset + worker_id)
+
+    return transform, worker_init
+
+
+@pytest.mark.parametrize("method", [None, *PICKLING_METHODS])
+def test_lambdas_and_closures_reach_every_worker(method: str | None) -> None:
+    transform, worker_init = _make_closures(scale=7, offset=1000)
+    source = Transformed(lambda i: transform(i) - 1)
+    with fastq.Prefetcher(
+        source,
+        batch_size=BATCH,
+        workers=2,
+        start_method=method,
+        worker_init=worker_init,
+        copy=True,
+    ) as pf:
+        batches = list(pf)
+    values = [int(x) for b in batches for x in b[0]]
+    assert values == [7 * i + 999 for i in range(SAMPLES)]
+    assert {int(x) for b in batches for x in b[2]} <= {1000, 1001}
+
+
+def test_a_generator_is_refused_for_a_pickling_start_method() -> None:
+    """What cannot cross into a new process is named, with the fix."""
+
+    def numbers() -> Any:
+        yield 1
+
+    source = Transformed(abs)
+    source.pending = numbers()  # type: ignore[attr-defined]
+    with pytest.raises(fastq.ConfigError, match="generator.*worker_init"):
+        fastq.Prefetcher(source, batch_size=BATCH, workers=1, start_method="spawn")
+
+
+# ------------------------------------------------ multiprocessing objects
+
+
+class SharedCounters:
+    """Every multiprocessing object a dataset holds in practice, each used
+    by every worker (in worker_init) and by each sample."""
+
+    def __init__(self, ctx: Any, manager: Any, workers: int) -> None:
+        self.count = ctx.Value("i", 0)
+        self.lock = ctx.Lock()
+        self.rlock = ctx.RLock()
+        self.semaphore = ctx.Semaphore(1)
+        self.started = ctx.Array("i", workers)
+        self.event = ctx.Event()
+        self.condition = ctx.Condition()
+        self.queue = ctx.Queue()
+        self.made = manager.list()  # a proxy: each sample made, once
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> Any:
+        with self.lock:
+            self.count.value += 1
+            ticket = self.count.value
+        with self.rlock, self.rlock, self.semaphore:
+            self.made.append(i)
+        return np.int64(i), np.int64(ticket)
+
+    def worker_init(self, worker_id: int) -> None:
+        self.started[worker_id] = 1
+        self.event.set()
+        with self.condition:
+            self.condition.notify_all()
+        self.queue.put(worker_id)
+
+
+def _check_shared(ds: SharedCounters, batches: list[Any], workers: int) -> None:
+    assert sorted(int(i) for b in batches for i in b[0]) == list(range(SAMPLES))
+    # One counter for all: no ticket was drawn twice.
+    tickets = [int(t) for b in batches for t in b[1]]
+    assert len(set(tickets)) == len(tickets)
+    # This process sees what every worker did.
+    assert ds.count.value == len(ds.made) >= SAMPLES
+    assert list(ds.started) == [1] * workers
+    assert ds.event.is_set()
+    assert sorted(ds.queue.get(timeout=10) for _ in range(workers)) == list(
+        range(workers)
+    )
+
+
+def test_default_context_objects_are_shared_with_every_worker() -> None:
+    with mp.Manager() as manager:
+        ds = SharedCounters(mp.get_context(), manager, workers=2)
+        with fastq.Prefetcher(
+            ds, batch_size=BATCH, workers=2, worker_init=ds.worker_init, copy=True
+        ) as pf:
+            batches = list(pf)
+        _check_shared(ds, batches, workers=2)
+
+
+@pytest.mark.parametrize("method", PICKLING_METHODS)
+def test_objects_of_the_start_methods_context_reach_every_worker(
+    method: str,
+) -> None:
+    """Each worker gets its own duplicate of a Value's or a Queue's
+    descriptors, though the source is pickled once for all of them."""
+    ctx = mp.get_context(method)
+    with ctx.Manager() as manager:
+        ds = SharedCounters(ctx, manager, workers=3)
+        with fastq.Prefetcher(
+            ds,
+            batch_size=BATCH,
+            workers=3,
+            start_method=method,
+            worker_init=ds.worker_init,
+            copy=True,
+        ) as pf:
+            batches = list(pf)
+        _check_shared(ds, batches, workers=3)
+
+
+@pytest.mark.parametrize("method", PICKLING_METHODS)
+def test_fork_context_lock_refused_for_a_pickling_start_method(method: str) -> None:
+    source = Transformed(abs)
+    source.lock = mp.get_context("fork").Lock()  # type: ignore[attr-defined]
+    with pytest.raises(fastq.ConfigError) as err:
+        fastq.Prefetcher(source, batch_size=BATCH, workers=1, start_method=method)
+    message = str(err.value)
+    assert "'fork' context" in message
+    assert f"multiprocessing.get_context({method!r})" in message
+
+
+# ------------------------------------------------------------ large arrays
+
+
+class HoldsTable:
+    """Sample i: the table's address as the worker sees it, whether the
+    worker maps a copy of dataset arrays, and a checksum of a row."""
+
+    def __init__(self, table: np.ndarray[Any, Any]) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        with open("/proc/self/maps") as f:
+            copied = any("fastq-dataset-arrays" in line for line in f)
+        row = self.table[i * 1000 : (i + 1) * 1000]
+        return (
+            np.int64(self.table.ctypes.data),
+            np.int64(copied),
+            np.int64(row.sum()),
+        )
+
+
+def test_large_array_reaches_forked_workers_without_a_copy() -> None:
+    """The default start method shares the array's pages copy-on-write, as
+    a forked DataLoader worker does: the same address, no copy made."""
+    table = np.arange(8 << 20, dtype=np.int64)  # 64 MiB
+    with fastq.Prefetcher(HoldsTable(table), batch_size=4, workers=2, copy=True) as pf:
+        batches = list(pf)
+    assert {int(a) for b in batches for a in b[0]} == {table.ctypes.data}
+    assert not any(int(c) for b in batches for c in b[1])
+    sums = [int(s) for b in batches for s in b[2]]
+    assert sums == [int(table[i * 1000 : (i + 1) * 1000].sum()) for i in range(8)]
