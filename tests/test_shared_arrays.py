@@ -1,5 +1,6 @@
-"""Large numpy arrays reach spawn and forkserver workers as shared pages of
-one memfd, not as pickled bytes; fastq.shared_array keeps data in shared
+"""Large numpy arrays reach spawn and forkserver workers (and the default
+start method's once CUDA is initialised) as shared pages of one memfd, not
+as pickled bytes; fastq.shared_array keeps data in shared
 memory from the start. Checked from inside the workers."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 from helpers import HoldsArrays, mapping_inode
 
 import fastq
+from fastq import _pool
 from fastq._shared_arrays import SHARE_AT_BYTES
 
 PICKLING = [
@@ -39,7 +41,13 @@ def column(batches: list[dict[str, Any]], name: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("start_method", [*PICKLING, None])
-def test_a_large_array_arrives_mapped_and_equal(start_method: str | None) -> None:
+def test_a_large_array_arrives_mapped_and_equal(
+    start_method: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if start_method is None:
+        # The default once CUDA is initialised (before, workers fork and
+        # inherit the array: tests/test_user_objects.py).
+        monkeypatch.setattr(_pool, "_cuda_forbids_fork", lambda: True)
     big, small = big_array(), np.arange(5)
     batches = run(HoldsArrays(big, small), start_method)
     assert np.array_equal(column(batches, "row"), big)

@@ -237,3 +237,54 @@ def test_large_array_reaches_forked_workers_without_a_copy() -> None:
     assert not any(int(c) for b in batches for c in b[1])
     sums = [int(s) for b in batches for s in b[2]]
     assert sums == [int(table[i * 1000 : (i + 1) * 1000].sum()) for i in range(8)]
+
+
+# ------------------------------------------------------ the DataLoader face
+
+
+class CountedTransform:
+    """A torch-style dataset: a lambda transform, and a shared counter of
+    the samples made (a multiprocessing.Value and Lock of the default
+    context), as the issue's programs hold them."""
+
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
+        self.made = mp.Value("i", 0)
+        self.lock = mp.Lock()
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> Any:
+        with self.lock:
+            self.made.value += 1
+        return self.transform(i)
+
+
+@pytest.mark.parametrize("context", [None, *PICKLING_METHODS])
+def test_dataloader_takes_lambdas_closures_and_a_shared_counter(
+    context: str | None,
+) -> None:
+    torch = pytest.importorskip("torch")
+    from fastq.torch import DataLoader
+
+    transform, worker_init = _make_closures(scale=3, offset=0)
+    if context is None:
+        dataset = CountedTransform(lambda i: transform(i) + 1)
+    else:  # the counter made with the loader's own start method's context
+        dataset = CountedTransform(lambda i: transform(i) + 1)
+        ctx = mp.get_context(context)
+        dataset.made, dataset.lock = ctx.Value("i", 0), ctx.Lock()
+    loader = DataLoader(
+        dataset,
+        batch_size=BATCH,
+        num_workers=2,
+        collate_fn=lambda batch: torch.tensor(batch) * 2,
+        worker_init_fn=worker_init,
+        multiprocessing_context=context,
+    )
+    got = [int(x) for b in loader for x in b]
+    assert got == [2 * (3 * i + 1) for i in range(SAMPLES)]
+    # Every sample made once, counted by every worker in one shared Value.
+    assert dataset.made.value == SAMPLES
+    loader.close()
