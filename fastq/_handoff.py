@@ -73,7 +73,7 @@ class _DescriptorRecorder:
         return len(self.fds) - 1
 
     @staticmethod
-    def DupFd(index: int) -> PayloadFd:  # noqa: N802 (multiprocessing's name)
+    def DupFd(index: int) -> PayloadFd:
         return PayloadFd(index)
 
 
@@ -82,7 +82,7 @@ def _dump(objs: Any, file: Any, arrays: Any) -> list[int]:
     popen = context.get_spawning_popen()
     method = getattr(popen, "method", None) or "spawn"
     recorder = _DescriptorRecorder(method)
-    context.set_spawning_popen(recorder)
+    context.set_spawning_popen(recorder)  # type: ignore[arg-type]
     try:
         _WorkerPickler(file, pickle.HIGHEST_PROTOCOL, arrays).dump(objs)
     except (pickle.PicklingError, TypeError, AttributeError, RuntimeError) as exc:

@@ -10,14 +10,11 @@ import signal
 import sys
 import threading
 import time
-import types
 import weakref
 from collections.abc import Iterator
 from multiprocessing import reduction
 from multiprocessing.connection import wait
 from typing import Any
-
-import numpy as np
 
 from . import _report, _zygote
 from ._handoff import handoff_for_workers

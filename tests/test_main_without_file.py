@@ -205,9 +205,7 @@ def test_notebook_cells_define_the_dataset_and_collate_fn(
 
     monkeypatch.setenv("FASTQ_TEST_METHOD", method or "")
     cells = CELLS + (TORCH_CELLS if HAS_TORCH else []) + [CHILDREN]
-    nb = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_code_cell(c) for c in cells]
-    )
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     client = nbclient.NotebookClient(
         nb,
         kernel_name=KERNEL,

@@ -19,7 +19,9 @@ import pytest
 import fastq
 from fastq import _pool
 
-PICKLING_METHODS = [m for m in ("spawn", "forkserver") if m in mp.get_all_start_methods()]
+PICKLING_METHODS = [
+    m for m in ("spawn", "forkserver") if m in mp.get_all_start_methods()
+]
 SAMPLES = 24
 BATCH = 4
 

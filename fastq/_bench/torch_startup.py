@@ -1,8 +1,9 @@
 """Time to the first batch and worker memory when the script has imported
 torch: fastq per start method (its default, and its zygote, the default
-once CUDA is initialised) beside torch's DataLoader. Each run is a fresh interpreter running this module
-(`python -m fastq._bench.torch_startup JOB`), which imports torch before
-the clock starts, as a training script does."""
+once CUDA is initialised) beside torch's DataLoader. Each run is a fresh
+interpreter running this module (`python -m fastq._bench.torch_startup
+JOB`), which imports torch before the clock starts, as a training script
+does."""
 
 from __future__ import annotations
 
@@ -181,7 +182,7 @@ def _measure(loader: str, method: str, workers: int) -> Run:
     from .torch_dataset import Images
 
     if method == "zygote":
-        import fastq.torch  # noqa: F401 (forks the zygote, as at a script's top)
+        import fastq.torch
         from fastq import _pool
 
         _pool._cuda_forbids_fork = lambda: True  # as once CUDA is initialised
