@@ -21,7 +21,7 @@ from __future__ import annotations
 import copyreg
 import pickle
 from collections import ChainMap
-from multiprocessing import context, reduction
+from multiprocessing import context, reduction, synchronize
 from typing import Any
 
 import cloudpickle
@@ -51,6 +51,13 @@ class _WorkerPickler(cloudpickle.Pickler):  # type: ignore[misc]
         super().__init__(file, protocol)
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, synchronize.SemLock) and obj._semlock.name is None:
+            # Made with the fork context: its semaphore was unlinked at
+            # once, so nothing but a fork can share it (CPython 3.11+ says
+            # so; before, the worker would get a dangling handle).
+            raise pickle.PicklingError(
+                f"a multiprocessing {type(obj).__name__} created in a fork context"
+            )
         reduced = self._arrays.reduce(obj)
         if reduced is NotImplemented:
             return super().reducer_override(obj)

@@ -29,6 +29,15 @@ pytestmark = pytest.mark.skipif(
 
 ROOT = Path(__file__).resolve().parent.parent
 
+try:
+    import torch  # noqa: F401
+except ImportError:
+    HAS_TORCH = False
+else:
+    HAS_TORCH = True
+# The tests whose scripts fork the zygote as `import fastq.torch` does.
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch (fastq.torch)")
+
 # Imported by the scripts: every import of it appends this process's pid
 # to IMPORTS, so a second line is a second import.
 PROBE = """
@@ -266,7 +275,9 @@ def test_script_that_sets_a_start_method_as_it_is_imported(project: Path) -> Non
 
 
 @pytest.mark.parametrize(
-    "prelude", ["", "    import fastq.torch\n"], ids=["at-first-workers", "at-import"]
+    "prelude",
+    ["", pytest.param("    import fastq.torch\n", marks=needs_torch)],
+    ids=["at-first-workers", "at-import"],
 )
 def test_script_that_fails_as_it_is_imported_falls_back(
     project: Path, prelude: str
@@ -352,6 +363,7 @@ def test_default_start_method_in_this_process() -> None:
 # ------------------------------------------------------ forked at import
 
 
+@needs_torch
 def test_zygote_forked_at_import_serves_a_threaded_parent(project: Path) -> None:
     """`import fastq.torch` forks the zygote while the script has one thread:
     a loader whose workers start after torch.distributed (or a trainer)
@@ -378,6 +390,7 @@ def test_zygote_forked_at_import_serves_a_threaded_parent(project: Path) -> None
     assert len(imports(project)) == 1  # the zygote inherited the script's
 
 
+@needs_torch
 def test_zygote_forked_inside_a_modules_import(project: Path) -> None:
     """The zygote is forked from inside `import fastq.torch`, itself inside
     the import of one of the script's modules: it imports them afresh, and
@@ -408,6 +421,7 @@ def test_zygote_forked_inside_a_modules_import(project: Path) -> None:
     assert out["parents"] == [out["server"]]
 
 
+@needs_torch
 def test_zygote_forked_at_import_and_never_used_leaves_nothing(
     project: Path,
 ) -> None:
@@ -421,6 +435,7 @@ def test_zygote_forked_at_import_and_never_used_leaves_nothing(
     assert wait_gone([out["pending"]]) == []
 
 
+@needs_torch
 def test_a_helper_forked_while_the_zygote_starts_leaves_it_alone(
     project: Path,
 ) -> None:
