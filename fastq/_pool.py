@@ -455,12 +455,12 @@ class WorkerPool:
             with _sigint_ignored(), _no_missing_main_file():
                 p.start()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            # The user's objects are pickled apart (fastq/_handoff.py, which
+            # names the fix); what is left is the rest of the worker's set-up.
             method = ctx.get_start_method()
             raise ConfigError(
-                f"the source or worker_init cannot be pickled for "
-                f"start_method={method!r}: {exc}. Define them at module level "
-                "(no lambdas, local functions or open handles), or use "
-                "start_method='fork'"
+                f"a worker could not be started with start_method={method!r}: "
+                f"{exc}. Leave start_method unset, so that workers fork"
             ) from exc
 
     @property

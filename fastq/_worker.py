@@ -140,10 +140,11 @@ def _leave_startup_note(
     what = "the source" if name == "source" else name
     note = (
         f"it could not unpickle {what} ({text}). Spawn and forkserver workers "
-        "rebuild it in a fresh interpreter: every class it uses must be "
-        "importable there (defined in a module on sys.path, not only in the "
-        "consumer), and its __setstate__ must work there; or pass "
-        "start_method='fork'"
+        "rebuild it in a fresh interpreter: every module it uses must be "
+        "importable there (on sys.path, not only added to the consumer's), and "
+        "its __setstate__ must work there; or let workers fork: leave "
+        "start_method unset (or pass start_method='fork') before CUDA is "
+        "initialised"
     )
     with contextlib.suppress(OSError):
         os.pwrite(stack_file.fd, STARTUP_NOTE + note.encode(errors="replace"), 0)
