@@ -47,10 +47,25 @@ def test_worker_init_failure_is_reported() -> None:
         batch_size=2,
         workers=2,
         worker_init=failing_init,
+        spec=(((3, 5, 7), "uint8"), ((), "int64"), ((), "float32")),
         start_method="fork",
     ) as pf:
         with pytest.raises(fastq.WorkerError, match="init failed in worker"):
             list(pf)
+
+
+def test_worker_init_failure_without_a_spec_is_raised_by_the_constructor() -> None:
+    """Worker 0 infers the spec after its worker_init: its failure leaves
+    no spec and no ring, so the constructor raises it, as for a stream."""
+    with pytest.raises(fastq.WorkerError, match="init failed in worker 0") as info:
+        fastq.Prefetcher(
+            PatternDataset(8),
+            batch_size=2,
+            workers=2,
+            worker_init=failing_init,
+            start_method="fork",
+        )
+    assert "failing_init" in info.value.remote_traceback
 
 
 def failing_init(worker_id: int) -> None:
