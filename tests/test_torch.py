@@ -145,6 +145,30 @@ def test_copy_true_gives_owned_tensors() -> None:
             assert np.array_equal(images.numpy(), expected(labels.numpy())[0])
 
 
+@pytest.mark.parametrize(
+    "how", [{}, {"worker_method": "thread"}], ids=["processes", "threads"]
+)
+def test_a_dataset_that_needs_its_worker_runs_under_torch_prefetcher(
+    how: dict[str, str],
+) -> None:
+    """Its __getitem__ draws from get_worker_info().rng (None outside a
+    worker): the spec comes from a worker, and the tensors are the numpy
+    batches of a Prefetcher."""
+    from helpers import Augmented
+
+    kw: dict[str, Any] = {"batch_size": 4, "workers": 2, "shuffle": True, "seed": 3}
+    with fastq.Prefetcher(Augmented(18), copy=True, **kw, **how) as pf:
+        want = [list(b) for b in pf]
+    with TorchPrefetcher(Augmented(18), **kw, **how) as pf:
+        got = [[t.clone() for t in b] for b in pf]
+    assert len(got) == len(want) == 5
+    fields = 2 if how else 4  # threads leave `random` and `np.random` alone
+    for a, b in zip(got, want):
+        for t, x in zip(a[:fields], b[:fields]):
+            assert isinstance(t, torch.Tensor)
+            np.testing.assert_array_equal(t.numpy(), x)
+
+
 def test_device_cpu_is_plain_cpu_tensors() -> None:
     with TorchPrefetcher(Rows(8), batch_size=4, workers=1, device="cpu") as pf:
         assert pf.device is None and pf.pin_memory is False
