@@ -156,6 +156,9 @@ def test_a_workers_exception_keeps_its_type_and_the_epoch_goes_on() -> None:
         next(it)
     assert info.value.fastq_sample == 5 and info.value.fastq_task == 2
     assert "Remote traceback" in "".join(getattr(info.value, "__notes__", []))
+    remote = info.value.remote_traceback  # as the README promises
+    assert "KeyError" in remote and "__getitem__" in remote
+    assert info.value.fastq_remote_traceback == remote
     got += list(it)  # DataLoader goes on past a failed batch
     assert sorted(x for b in got for x in b.tolist()) == [0, 1, 2, 3, *range(6, 12)]
 
