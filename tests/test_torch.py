@@ -119,6 +119,23 @@ def test_tensors_held_across_iterations_never_change() -> None:
             assert labels_.tolist() == list(range(8 * b_, 8 * b_ + 8))
 
 
+@pytest.mark.parametrize("slots", [1, 3])
+def test_slots_batches_may_be_kept_while_taking_the_next(slots: int) -> None:
+    """The README's number: `slots` batches alive at each next() go on
+    indefinitely; one more holds every slot of the ring (slots + 1)."""
+    with TorchPrefetcher(Images(200), 2, workers=2, slots=slots) as pf:
+        it = iter(pf)
+        kept = [next(it) for _ in range(slots)]
+        for _ in range(30):  # far past the ring's size
+            kept.append(next(it))
+            kept.pop(0)
+        kept.append(next(it))
+        match = f"all {slots + 1} slots are held"
+        with pytest.raises(fastq.SlotsExhausted, match=match):
+            next(it)
+        del kept
+
+
 def test_slot_returns_when_the_last_tensor_is_garbage() -> None:
     with TorchPrefetcher(Images(64), batch_size=8, workers=1, slots=3) as pf:
         consumer = pf._feed.consumer
