@@ -107,3 +107,26 @@ def test_death_after_the_last_batch_needed_is_reported_by_the_next_fetch() -> No
         with pytest.raises(fastq.WorkerDied, match="SIGKILL"):
             next(iter(pf))
     assert pf.closed
+
+
+def test_a_death_in_the_first_batch_without_a_spec_names_when() -> None:
+    """Worker 0 dies making its first sample: no spec, so the constructor
+    raises it; dying later in that batch, whose task the census records as
+    worker 0's, it is raised at the first next() naming the batch."""
+    kill = signal.SIGKILL
+    with pytest.raises(fastq.WorkerDied, match="before the ring existed"):
+        fastq.Prefetcher(
+            SuicideDataset(20, bad=0, signum=kill),
+            batch_size=4,
+            workers=2,
+            start_method="fork",
+        )
+    with fastq.Prefetcher(
+        SuicideDataset(20, bad=1, signum=kill),
+        batch_size=4,
+        workers=2,
+        start_method="fork",
+    ) as pf:
+        with pytest.raises(fastq.WorkerDied, match="while producing batch 0") as info:
+            next(iter(pf))
+    assert info.value.worker == 0 and info.value.task == 0
