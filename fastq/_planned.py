@@ -18,6 +18,7 @@ import numpy as np
 
 from . import _report
 from ._consumer import Feed, batch_error
+from ._first_batch import claim_kept
 from ._packing import Codec, PackedSpec, unpack
 from ._plan import Plan, PlanLayout, PlanTable
 from ._pool import WorkerPool
@@ -220,7 +221,7 @@ class PlannedPrefetcher(Prefetcher):
             kind, payload = pool.receive_first(worker, self.timeout)
             self._asked = None
             if kind == "spec":
-                self._build_ring(payload, held)
+                self._build_ring(payload, held, worker)
                 return
             if kind == "error":
                 report, position = payload
@@ -265,9 +266,10 @@ class PlannedPrefetcher(Prefetcher):
                 raise StopIteration
             self._answer(initial=False)
 
-    def _build_ring(self, spec: PackedSpec, held: Plan | None) -> None:
-        """The ring, once a worker made a batch (of task ``held``, for a
-        planned source: that worker keeps it for when it claims the task)."""
+    def _build_ring(self, spec: PackedSpec, held: Plan | None, worker: int) -> None:
+        """The ring, once ``worker`` made a batch (of task ``held``, for a
+        planned source: the task is claimed for that worker, which delivers
+        the batch it keeps)."""
         assert self._pool is not None
         if self._max_bytes is not None:
             spec = PackedSpec(self._max_bytes)
@@ -295,10 +297,11 @@ class PlannedPrefetcher(Prefetcher):
             assert held is not None
             self._plans = PlanTable(ring, self._region.mapping, plan)
             # Tasks before the held one were planned (and failed) through
-            # the workers' sockets; claims start at the held one, planned
-            # in the table too, for whichever worker claims it.
-            ring.skip_tasks_to(held.task)
+            # the workers' sockets; claims start at the held one, claimed
+            # here for the worker that made it (NOTE [ The kept first
+            # batch ] in fastq/_first_batch.py), planned in the table too.
             self._plans.write(held.task, held.epoch, held.batch, held.indices)
+            claim_kept(ring, worker, held.task)
             ring.set_planned(held.task + 1)
         feed = self._feed = Feed(
             ring,

@@ -18,6 +18,7 @@ import numpy as np
 
 from ._autotune import AUTO_START, Autotuner, cpu_budget
 from ._consumer import Feed
+from ._first_batch import claim_kept, first_plan, receive_map_spec
 from ._pool import WorkerPool, get_context
 from ._ring import MAX_SLOTS, MAX_WORKERS, BatchViews, Ring, region_size
 from ._sampler import EpochSampler
@@ -202,7 +203,11 @@ class Prefetcher:
         ring holds one slot more, for the batch the loop body is using.
     spec : dict or tuple or (shape, dtype), optional
         Fields as ``{name: (shape, dtype)}`` for one item (a sample, or a
-        callable's whole batch). Inferred from the first item if omitted.
+        callable's whole batch). If omitted, worker 0 infers it from its
+        first item: a map-style source's first sample of the run's first
+        batch, which it then delivers (the source never runs in this
+        process; a ``fill_batch`` dataset's first sample is read once with
+        ``__getitem__`` for it, and one without ``__getitem__`` needs it).
     ordered : bool
         Yield batches in sampler order (True) or as soon as they are ready.
     shuffle, seed, drop_last : bool, int, bool
@@ -251,6 +256,14 @@ class Prefetcher:
         An argument is invalid; the message names it and the fix.
     SpecError
         The first item cannot be described as fixed-shape numeric fields.
+    WorkerError
+        Without ``spec``: the source (or worker 0's ``worker_init``)
+        raised before the first item was made; the worker's traceback is
+        its ``remote_traceback``.
+    FetchTimeout
+        Without ``spec``: no first item within ``timeout``.
+    WorkerDied
+        Without ``spec``: the worker making the first item died.
     SharedMemoryError
         The ring does not fit in memory.
     """
@@ -345,10 +358,23 @@ class Prefetcher:
                     "shuffled whole each epoch; use shuffle=True (shuffle_buffer "
                     "is for streams of samples)"
                 )
-            known = self._map_spec(source, batch_size, spec)
+            rows = _map_rows(batch_size)
+            # Without spec=, worker 0 infers it from the run's first batch
+            # (NOTE [ The kept first batch ] in fastq/_first_batch.py);
+            # only len() runs here.
+            known = None if spec is None else BatchSpec.from_user(spec, rows)
+            if known is None and not hasattr(source, "__getitem__"):
+                raise ConfigError(
+                    f"spec=None: {type(source).__name__} has fill_batch but no "
+                    "__getitem__, so there is no sample to learn the batch's "
+                    "fields from, and fill_batch writes into arrays that must "
+                    "exist first; pass spec={name: (shape, dtype)} for one "
+                    "sample (e.g. spec={'image': ((3, 224, 224), 'uint8'), "
+                    "'label': ((), 'int64')}), or give the dataset a __getitem__"
+                )
             self._sampler = EpochSampler(
                 len(source),
-                known.rows,
+                rows,
                 shuffle=shuffle,
                 seed=seed,
                 drop_last=drop_last,
@@ -431,16 +457,27 @@ class Prefetcher:
 
         stream = self._stream_resume
         if known is None:
-            # A callable source without spec=: worker 0 infers it from its
-            # first item; the ring is made once it is known.
-            self._pool = WorkerPool(
-                ctx, [config(w, None, 0) for w in range(workers)], None
-            )
-            self._spec = self._pool.receive_spec(
-                self.timeout, "sample" if self._stream_rows else "batch"
-            )
+            # No spec=: worker 0 infers it from its first item (a map-style
+            # source's: its first batch); the ring is made once it is known.
+            first = None
+            if self._is_map:
+                assert self._sampler is not None
+                first = first_plan(self._sampler, resume)
+            configs = [config(w, None, 0) for w in range(workers)]
+            configs[0].first_plan = first
+            self._pool = WorkerPool(ctx, configs, None)
+            if first is not None:
+                self._spec = receive_map_spec(self._pool, first, self.timeout)
+            else:
+                self._spec = self._pool.receive_spec(
+                    self.timeout, "sample" if self._stream_rows else "batch"
+                )
             size = self._make_ring(self.slots, workers)
             assert self._region is not None
+            if first is not None:
+                claim_kept(self._ring, 0, first.task)
+            if self._auto:  # before any worker can take a slot
+                self._ring.set_active(AUTO_START)
             self._pool.send_region(self._region, size, self._spec, self._ring)
         else:
             self._spec = known
@@ -519,20 +556,6 @@ class Prefetcher:
         return self._region.size  # whole huge pages, where it has them
 
     # ------------------------------------------------------------ spec
-
-    @staticmethod
-    def _map_spec(source: Any, batch_size: Any, spec: Any) -> BatchSpec:
-        if batch_size is None:
-            raise ConfigError(
-                "batch_size=None: a map-style source needs batch_size, the "
-                "number of samples per batch (e.g. batch_size=128)"
-            )
-        rows = _positive_int("batch_size", batch_size, "e.g. batch_size=128")
-        if spec is not None:
-            return BatchSpec.from_user(spec, rows)
-        if len(source) == 0:
-            raise ConfigError(_EMPTY_SOURCE)
-        return BatchSpec.from_sample(source[0], rows)
 
     # ------------------------------------------------------- iteration
 
@@ -871,13 +894,25 @@ def _stream_batching(
 
 
 def _is_map_style(source: Any) -> bool:
-    """Indexed (``__len__`` and ``__getitem__``) rather than iterated. A
-    torch IterableDataset has both (from Dataset, and often a length) but
-    is a stream."""
+    """Indexed (``__len__`` and ``__getitem__`` or ``fill_batch``) rather
+    than iterated. A torch IterableDataset has both (from Dataset, and
+    often a length) but is a stream."""
     data = sys.modules.get("torch.utils.data")
     if data is not None and isinstance(source, data.IterableDataset):
         return False
-    return hasattr(source, "__len__") and hasattr(source, "__getitem__")
+    return hasattr(source, "__len__") and (
+        hasattr(source, "__getitem__") or hasattr(source, "fill_batch")
+    )
+
+
+def _map_rows(batch_size: Any) -> int:
+    """A map-style source's batch_size, checked."""
+    if batch_size is None:
+        raise ConfigError(
+            "batch_size=None: a map-style source needs batch_size, the "
+            "number of samples per batch (e.g. batch_size=128)"
+        )
+    return _positive_int("batch_size", batch_size, "e.g. batch_size=128")
 
 
 def _worker_context(worker_method: Any, start_method: str | None) -> Any:

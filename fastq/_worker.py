@@ -21,11 +21,11 @@ import numpy as np
 from . import _report
 from ._handoff import handoff_for_workers
 from ._jagged import JaggedArray
-from ._map_fill import MapFill
+from ._map_fill import FirstBatch, MapFill
 from ._packing import Arena, Codec, PackedSpec, measure, pack
 from ._plan import Plan, PlanLayout, PlanTable
 from ._report import UNKNOWN_SAMPLE
-from ._ring import SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
+from ._ring import OWNER_WORKER, SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
 from ._rows import RowWriter, copy_rows
 from ._sampler import EpochSampler
 from ._seeding import mix_seed, seed_python_and_numpy
@@ -35,6 +35,7 @@ from ._spec import BatchSpec
 from ._streams import ShuffleBuffer, worker_stream
 from ._threads import limit_threads
 from ._worker_info import WorkerInfo, _answer_for_torch, _set_worker_info
+from .errors import RingError
 
 _PR_SET_PDEATHSIG = 1
 # WorkerConfig fields that hold user objects.
@@ -71,8 +72,9 @@ class WorkerConfig:
     stack_file: SharedFd | None = None  # where SIGUSR1 dumps the Python stack
     channel: Any = None  # without a region: a Connection to the consumer
     # Planned sources (the consumer runs the sampler): where the plans lie
-    # (sent with the region), task 0's plan for worker 0 to infer the spec
-    # from, and the most indices a plan holds (to size slots from batch 0).
+    # (sent with the region), and the most indices a plan holds (to size
+    # slots from batch 0). Planned and map-style sources without a spec:
+    # the task whose batch worker 0 makes first, to infer the spec from.
     plan: PlanLayout | None = None
     first_plan: Plan | None = None
     max_rows: int = 0
@@ -195,7 +197,7 @@ def worker_main(cfg: WorkerConfig) -> None:
     if cfg.plan is not None:
         producer.run_planned(PlanTable(ring, region.mapping, cfg.plan), first)
     elif cfg.is_map:
-        producer.run_map()
+        producer.run_map(None if first is None else first[1])
     else:
         producer.run_callable(first)
 
@@ -257,10 +259,13 @@ def _try_first_batch(
     plan: Plan | None,
     it: Iterator[Any] | None,
 ) -> tuple[Any, Iterator[Any] | None]:
-    """One attempt at a first batch: the planned task's, or the iterable's
-    next (from ``it``, or a fresh iterator). Tells the consumer the spec,
-    the error or the end; returns the batch (or _NOTHING) and the iterator."""
+    """One attempt at a first batch: the planned task's (a map-style
+    source's: a FirstBatch), or the iterable's next (from ``it``, or a
+    fresh iterator). Tells the consumer the spec, the error or the end;
+    returns the batch (or _NOTHING) and the iterator."""
     conn = cfg.channel
+    if plan is not None and not cfg.packed:
+        return _first_map_batch(cfg, info, plan), it
     try:
         if plan is not None:
             info._start_task(plan.epoch, plan.task)
@@ -287,6 +292,24 @@ def _try_first_batch(
         return _NOTHING, it
     conn.send(("spec", spec))
     return batch, it
+
+
+def _first_map_batch(cfg: WorkerConfig, info: WorkerInfo, plan: Plan) -> Any:
+    """A map-style source's first batch without a spec: the spec, from its
+    first sample, goes to the consumer at once (it builds the ring while
+    the rest is made); the batch, or the error that ended it after that,
+    waits for its slot. Returns the FirstBatch, or _NOTHING if the spec
+    could not be had (the consumer raises that error)."""
+    assert cfg.sampler is not None
+    maker = MapFill(cfg.source, cfg.sampler, None, info, cfg.seed, not cfg.in_thread)
+    try:
+        spec = maker.begin_first(plan.task)
+    except Exception as exc:
+        report = _report.encode(exc, _REPORT_LIMIT)
+        cfg.channel.send(("error", (report, maker.failed_row)))
+        return _NOTHING
+    cfg.channel.send(("spec", spec))
+    return maker.end_first()
 
 
 def _open_stream(cfg: WorkerConfig, ring_pass: int) -> Iterator[Any]:
@@ -515,7 +538,10 @@ class _Producer:
 
     # ------------------------------------------------------------ map-style
 
-    def run_map(self) -> None:
+    def run_map(self, first: Any = None) -> None:
+        """A map-style source's tasks; `first`: the FirstBatch this worker
+        made before the ring existed (or None or _NOTHING), delivered
+        first."""
         sampler = self.cfg.sampler
         assert sampler is not None
         maker = MapFill(
@@ -527,6 +553,8 @@ class _Producer:
             reseed=not self.cfg.in_thread,
         )
         ring = self.ring
+        if isinstance(first, FirstBatch) and not self._deliver(first):
+            return
         while True:
             if self.wid >= ring.active and not self._wait_while_parked():
                 return
@@ -537,13 +565,39 @@ class _Producer:
             try:
                 n = maker.fill(task, self.views[slot], self.fill_outs[slot])
             except Exception as exc:
-                row = maker.rows.row
+                row = maker.failed_row
                 self._report(slot, exc, UNKNOWN_SAMPLE if row < 0 else row)
                 continue
             # Counted before publishing, so stats never lag what was consumed.
             self.ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
             if not self.ring.publish(slot, SLOT_BATCH, n, 0, self.wid):
                 return
+
+    def _kept_slot(self, task: int) -> int:
+        """The slot the consumer claimed `task` with for this worker, which
+        made its batch before the ring existed (NOTE [ The kept first
+        batch ] in fastq/_first_batch.py): the census records it."""
+        for slot, (kind, who, t) in enumerate(self.ring.census()):
+            if kind == OWNER_WORKER and who == self.wid and t == task:
+                return slot
+        raise RingError(
+            f"no slot holds batch {task} for worker {self.wid}, which made it "
+            "before the ring existed"
+        )
+
+    def _deliver(self, kept: FirstBatch) -> bool:
+        """Publishes the batch made before the ring existed; False if the
+        ring closed."""
+        ring = self.ring
+        slot = self._kept_slot(kept.task)
+        if kept.error is not None:
+            row = kept.row
+            self._report(slot, kept.error, UNKNOWN_SAMPLE if row < 0 else row)
+            return True
+        t0 = time.perf_counter_ns()
+        self.slots[slot][: kept.data.nbytes] = kept.data
+        ring.batch_done(self.wid, kept.busy_ns + time.perf_counter_ns() - t0, 0)
+        return bool(ring.publish(slot, SLOT_BATCH, kept.rows, 0, self.wid))
 
     # ------------------------------------------------------------- planned
 
@@ -552,27 +606,26 @@ class _Producer:
     ) -> None:
         """Tasks whose indices the consumer planned (it runs the sampler);
         `first`: the batch this worker made before the ring existed, if any
-        (task ``cfg.first_plan``), used if this worker claims that task."""
+        (task ``cfg.first_plan``), delivered first."""
         source = self.cfg.source
         codec: Codec = source.codec
         slots = self.slots
-        held = _NOTHING if first is None else first[1]
-        first_plan = self.cfg.first_plan
+        keep = _NOTHING if first is None else first[1]
         while True:
             t0w = time.perf_counter_ns()
-            slot = self.ring.pop_free(self.wid)
-            if slot < 0:
-                return
-            # A slot first, then a task, even for the batch made before the
-            # ring existed: then the next batch in order is always either
-            # being made in a slot or not yet claimed (a kept batch waiting
-            # for a slot that later tasks filled would stall the ring).
-            task = self.ring.claim_task(slot)
-            plan = plans.read(task)
+            plan: Plan | None
+            if keep is not _NOTHING:
+                plan = self.cfg.first_plan
+                assert plan is not None
+                task = plan.task
+                slot = self._kept_slot(task)
+            else:
+                slot = self.ring.pop_free(self.wid)
+                if slot < 0:
+                    return
+                task = self.ring.claim_task(slot)
+                plan = plans.read(task)
             wait_ns = time.perf_counter_ns() - t0w
-            keep, held = held, _NOTHING
-            if first_plan is None or task != first_plan.task:
-                keep = _NOTHING  # another worker claimed it first, and makes it
             if plan is None:
                 if self.ring.closed:
                     return

@@ -46,6 +46,13 @@
  *      the FREE push/pop pair orders the consumer's last reads before the
  *      next worker's writes.
  *
+ *   A batch a worker made before the ring existed (to infer the slots'
+ *   layout from) is delivered without being made again: the consumer does
+ *   steps 1 and 2 for that worker, popping a slot as WORKER(w) and claiming
+ *   the run's first task, before any worker has the ring; w then does 3
+ *   and 4. Passing w the ring's descriptor orders those stores before w's
+ *   reads, and the task, like any claimed one, holds a slot.
+ *
  * Census. header[s].owner says where slot s is: FQ_OWNER_FREE, WORKER(w),
  * READY(w) or CONSUMER. Each queue operation writes it while it holds the
  * slot's cell exclusively (a push between its head CAS and its cell

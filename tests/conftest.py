@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -108,3 +109,31 @@ def started_by(request: pytest.FixtureRequest) -> dict[str, str]:
         return {"worker_method": "thread"}
     _skip_fork_after_cuda(str(request.param))
     return {"start_method": str(request.param)}
+
+
+@pytest.fixture
+def worker0_late(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Stops worker 0 (a process) for half a second as the ring is handed
+    to the workers, so that the others reach it first: the schedule in
+    which a batch worker 0 made before the ring existed could be made
+    again by another worker, or wait for a slot later batches took."""
+    import signal
+    import threading
+
+    from fastq._pool import WorkerPool
+
+    send_region = WorkerPool.send_region
+    timers: list[threading.Timer] = []
+
+    def late(self: WorkerPool, *args: Any, **kwargs: Any) -> None:
+        pid = self.pids[0]
+        os.kill(pid, signal.SIGSTOP)
+        timer = threading.Timer(0.5, os.kill, (pid, signal.SIGCONT))
+        timer.start()
+        timers.append(timer)
+        send_region(self, *args, **kwargs)
+
+    monkeypatch.setattr(WorkerPool, "send_region", late)
+    yield
+    for timer in timers:
+        timer.join()

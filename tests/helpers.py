@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import random
+import threading
 import time
+import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -79,16 +82,130 @@ class FillDataset(PatternDataset):
         half[:] = indices.astype(np.float32) / 2
 
 
+def worker_info() -> fastq.WorkerInfo:
+    """This worker's info; raises outside a worker, where a dataset that
+    draws from ``get_worker_info().rng`` would fail."""
+    info = fastq.get_worker_info()
+    if info is None:
+        raise RuntimeError("the dataset ran outside a fastq worker")
+    return info
+
+
 class RandomDataset:
-    """Uses every source of randomness a worker offers."""
+    """Uses every source of randomness a worker offers (and runs only in
+    workers: the training process never calls it)."""
 
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, i: int) -> tuple[Any, ...]:
-        info = fastq.get_worker_info()  # None in the parent's spec probe
-        rng = np.random.default_rng() if info is None else info.rng
+        rng = worker_info().rng
         return (np.random.rand(2), np.float64(rng.random()), i)
+
+
+class Augmented:
+    """Sample i = (i, two draws of the batch's rng, one of `random`, one of
+    `np.random`): runs only in a worker, as the README's augmentation does."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        rng = worker_info().rng
+        return np.int64(i), rng.random(2), random.random(), np.random.random()
+
+
+class AugmentedItems(Augmented):
+    """The same samples through __getitems__."""
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, ...]]:
+        return [self[i] for i in indices]
+
+
+class AugmentedFill(Augmented):
+    """The same fields through fill_batch, drawn per batch."""
+
+    def fill_batch(self, indices: np.ndarray[Any, Any], out: tuple[Any, ...]) -> None:
+        index, draws, py, npr = out
+        n = len(indices)
+        index[:] = indices
+        draws[:] = worker_info().rng.random((n, 2))
+        py[:] = [random.random() for _ in range(n)]
+        npr[:] = np.random.random(n)
+
+
+class CallLog(PatternDataset):
+    """PatternDataset that leaves a file in `directory` per call, naming
+    the call, its sample indices, the calling process and thread, and the
+    epoch of the batch being made (-1 outside a worker, where it then
+    raises): a count of calls made in other processes. Read it with
+    `calls()`."""
+
+    def __init__(self, n: int, directory: str) -> None:
+        super().__init__(n)
+        self.directory = directory
+
+    def log(self, what: str, indices: Any) -> None:
+        info = fastq.get_worker_info()
+        epoch = -1 if info is None else info.epoch
+        keys = "_".join(str(int(i)) for i in indices)
+        where = f"{os.getpid()}+{threading.get_ident()}+{epoch}"
+        name = f"{what}+{keys}+{where}+{uuid.uuid4().hex}"
+        with open(os.path.join(self.directory, name), "x"):
+            pass
+        worker_info().rng.random()  # as an augmentation draws
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        self.log("getitem", [i])
+        return super().__getitem__(i)
+
+
+class CallLogItems(CallLog):
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, ...]]:
+        self.log("getitems", indices)
+        return [PatternDataset.__getitem__(self, i) for i in indices]
+
+
+class CallLogFill(CallLog, FillDataset):
+    def fill_batch(self, indices: np.ndarray[Any, Any], out: tuple[Any, ...]) -> None:
+        self.log("fill", indices)
+        super().fill_batch(indices, out)
+
+
+class FillOnly:
+    """fill_batch and no __getitem__: no sample to infer a spec from."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def fill_batch(self, indices: np.ndarray[Any, Any], out: tuple[Any, ...]) -> None:
+        index, half = out
+        index[:] = indices
+        half[:] = indices.astype(np.float32) / 2
+
+
+class Call(NamedTuple):
+    what: str
+    indices: list[int]
+    pid: int
+    thread: int
+    epoch: int
+
+
+def calls(directory: str) -> list[Call]:
+    """The calls a CallLog recorded."""
+    out = []
+    for name in os.listdir(directory):
+        what, keys, pid, thread, epoch, _ = name.split("+")
+        indices = [int(k) for k in keys.split("_")]
+        out.append(Call(what, indices, int(pid), int(thread), int(epoch)))
+    return out
 
 
 class NeedsArgs(Exception):

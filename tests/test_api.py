@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import PatternDataset
+from helpers import (
+    CallLog,
+    CallLogFill,
+    CallLogItems,
+    FailingDataset,
+    FillOnly,
+    PatternDataset,
+    StuckDataset,
+    calls,
+)
 
 import fastq
 
@@ -165,3 +176,120 @@ def test_world_size_without_rank_is_an_error(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(fastq.ConfigError, match="WORLD_SIZE=2 is set but RANK"):
         fastq.Prefetcher(PatternDataset(8), batch_size=2, workers=1)
+
+
+# ------------------------------------------- the dataset runs in workers only
+
+
+@pytest.mark.parametrize(
+    "kind", [CallLog, CallLogItems, CallLogFill], ids=["getitem", "getitems", "fill"]
+)
+def test_a_map_dataset_runs_in_workers_only_and_once_per_sample_per_epoch(
+    started_by: dict[str, str], kind: type[CallLog], tmp_path: Path
+) -> None:
+    """Without spec=, worker 0 infers it from the first batch and delivers
+    that batch: no call in the training process, none made twice."""
+    with fastq.Prefetcher(
+        kind(10, str(tmp_path)),
+        batch_size=3,
+        workers=2,
+        shuffle=True,
+        seed=3,
+        **started_by,
+    ) as pf:
+        epochs = [[i for b in pf for i in b[1].tolist()] for _ in range(2)]
+        assert pf.spec.fields[0].shape == (3, 5, 7)
+    assert [sorted(e) for e in epochs] == [list(range(10))] * 2
+    log = calls(str(tmp_path))
+    if "worker_method" in started_by:
+        assert threading.get_ident() not in {c.thread for c in log}
+    else:
+        assert os.getpid() not in {c.pid for c in log}
+    assert -1 not in {c.epoch for c in log}  # every call inside a batch
+    for e in (0, 1):  # later epochs may have begun (workers run ahead)
+        made = [
+            i for c in log if c.epoch == e and c.what != "getitem" for i in c.indices
+        ]
+        single = [c.indices[0] for c in log if c.epoch == e and c.what == "getitem"]
+        if kind is CallLog:
+            assert made == [] and sorted(single) == list(range(10))
+        else:
+            assert sorted(made) == list(range(10))
+            # fill_batch: one sample read once per run to lay out the slots.
+            assert single == ([epochs[0][0]] if kind is CallLogFill and e == 0 else [])
+
+
+def test_an_error_in_the_first_sample_is_raised_by_the_constructor(
+    started_by: dict[str, str],
+) -> None:
+    """No spec can be had from it, so no ring: the constructor raises it,
+    with the worker's traceback, as a stream's first item's error."""
+    with pytest.raises(fastq.WorkerError) as info:
+        fastq.Prefetcher(
+            FailingDataset(20, bad=0), batch_size=4, workers=2, **started_by
+        )
+    err = info.value
+    assert (err.worker, err.task, err.sample) == (0, 0, 0)
+    assert "ValueError" in str(err) and "batch 0, sample 0" in str(err)
+    assert "__getitem__" in err.remote_traceback
+    assert isinstance(err.__cause__, ValueError)
+
+
+def test_an_error_later_in_the_first_batch_is_raised_at_its_turn() -> None:
+    """Once its first sample gave the spec, the first batch fails as it
+    would with spec=: at the first next()."""
+    with fastq.Prefetcher(
+        FailingDataset(20, bad=2), batch_size=4, workers=2, start_method="fork"
+    ) as pf:
+        it = iter(pf)
+        with pytest.raises(fastq.WorkerError) as info:
+            next(it)
+    err = info.value
+    assert (err.worker, err.task, err.sample) == (0, 0, 2)
+    assert "__getitem__" in err.remote_traceback
+    assert pf.closed
+
+
+def test_a_first_sample_that_never_comes_is_a_fetch_timeout() -> None:
+    with pytest.raises(fastq.FetchTimeout, match="worker 0 made no first batch"):
+        fastq.Prefetcher(
+            StuckDataset(20, stuck=0),
+            batch_size=4,
+            workers=2,
+            timeout=0.5,
+            start_method="fork",
+        )
+
+
+def test_a_fill_batch_without_getitem_needs_a_spec() -> None:
+    with pytest.raises(
+        fastq.ConfigError,
+        match=r"spec=None: FillOnly has fill_batch but no __getitem__",
+    ):
+        fastq.Prefetcher(FillOnly(10), batch_size=4, workers=1)
+    spec = (((), "int64"), ((), "float32"))
+    with fastq.Prefetcher(
+        FillOnly(10), batch_size=4, workers=2, spec=spec, start_method="fork"
+    ) as pf:
+        batches = [b[0].tolist() for b in pf]
+    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_the_first_batch_never_waits_for_a_slot_later_batches_took(
+    tmp_path: Path, worker0_late: None
+) -> None:
+    """Worker 0 reaches the ring last, after the others took every slot
+    but the one claimed with its first batch (DESIGN.md section 3): that
+    batch comes, in order, and is not made twice."""
+    with fastq.Prefetcher(
+        CallLog(24, str(tmp_path)),
+        batch_size=2,
+        workers=3,
+        slots=1,
+        timeout=20,
+        start_method="fork",
+    ) as pf:
+        got = [b[1].tolist() for b in pf]
+    assert got == [[2 * k, 2 * k + 1] for k in range(12)]
+    first_epoch = [c.indices[0] for c in calls(str(tmp_path)) if c.epoch == 0]
+    assert sorted(first_epoch) == list(range(24))

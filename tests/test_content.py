@@ -3,10 +3,15 @@ start method, worker count and slot count."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from helpers import (
     ArrayDataset,
+    Augmented,
+    AugmentedFill,
+    AugmentedItems,
     BatchedDataset,
     DictDataset,
     FillDataset,
@@ -111,3 +116,45 @@ def test_copy_true_hands_out_owned_arrays() -> None:
         assert all(b[0].base is None for b in kept)
     for k, batch in enumerate(kept):
         assert_batch(batch, np.arange(k * 4, k * 4 + 4))
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    [Augmented, AugmentedItems, AugmentedFill],
+    ids=["getitem", "getitems", "fill"],
+)
+@pytest.mark.parametrize(
+    "how",
+    [{"start_method": "fork"}, {"worker_method": "thread"}],
+    ids=["fork", "thread"],
+)
+def test_batches_without_spec_are_those_given_spec(
+    dataset: type[Augmented], how: dict[str, str]
+) -> None:
+    """Worker 0's first batch, made before the ring to infer the spec, is
+    seeded as that batch always is: bit for bit a run given spec=."""
+
+    def run(spec: Any) -> list[list[np.ndarray]]:
+        with fastq.Prefetcher(
+            dataset(22),
+            batch_size=4,
+            workers=3,
+            shuffle=True,
+            seed=5,
+            spec=spec,
+            copy=True,
+            **how,
+        ) as pf:
+            return [list(b) for _ in range(2) for b in pf]
+
+    given = run((((), "int64"), ((2,), "float64"), ((), "float64"), ((), "float64")))
+    inferred = run(None)
+    assert len(inferred) == len(given) == 12
+    # Thread workers leave `random` and `np.random` alone: the batch's
+    # rng is theirs.
+    fields = 2 if "worker_method" in how else 4
+    for a, b in zip(inferred, given):
+        for x, y in zip(a[:fields], b[:fields]):
+            assert x.dtype == y.dtype
+            np.testing.assert_array_equal(x, y)
+    assert inferred[0][0].tolist() != [0, 1, 2, 3]  # shuffled

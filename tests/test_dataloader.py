@@ -135,6 +135,19 @@ def test_the_dataset_is_never_read_in_the_consumer() -> None:
     assert sorted(x for b in loader for x in b.tolist()) == list(range(10))
 
 
+def test_each_sample_is_read_once_per_epoch(tmp_path: Any, worker0_late: None) -> None:
+    """The first batch, made by worker 0 before the ring exists to size the
+    slots, is delivered: the workers that reach the ring before worker 0
+    do not make it again (DataLoader reads each index once per epoch)."""
+    from helpers import CallLog, calls
+
+    loader = DataLoader(CallLog(24, str(tmp_path)), batch_size=2, num_workers=3)
+    assert sorted(int(i) for b in loader for i in b[1]) == list(range(24))
+    read = calls(str(tmp_path))
+    assert sorted(c.indices[0] for c in read) == list(range(24))
+    assert os.getpid() not in {c.pid for c in read}
+
+
 def test_a_workers_exception_keeps_its_type_and_the_epoch_goes_on() -> None:
     loader = DataLoader(FailsAt(12, bad=5), batch_size=2, num_workers=2)
     it = iter(loader)
@@ -143,6 +156,9 @@ def test_a_workers_exception_keeps_its_type_and_the_epoch_goes_on() -> None:
         next(it)
     assert info.value.fastq_sample == 5 and info.value.fastq_task == 2
     assert "Remote traceback" in "".join(getattr(info.value, "__notes__", []))
+    remote = info.value.remote_traceback  # as the README promises
+    assert "KeyError" in remote and "__getitem__" in remote
+    assert info.value.fastq_remote_traceback == remote
     got += list(it)  # DataLoader goes on past a failed batch
     assert sorted(x for b in got for x in b.tolist()) == [0, 1, 2, 3, *range(6, 12)]
 

@@ -5,11 +5,12 @@ pitfalls of resuming are each a test."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import RandomDataset
+from helpers import Augmented, CallLog, RandomDataset, calls
 
 import fastq
 
@@ -202,3 +203,32 @@ def test_the_stream_only_moves_forward() -> None:
         epoch(pf)
         with pytest.raises(fastq.ConfigError, match="only\\s+moves forward"):
             pf.load_state_dict(old)
+
+
+def test_a_run_resumed_without_spec_is_bit_identical(tmp_path: Path) -> None:
+    """Worker 0 infers the spec from the state's next batch (not batch 0),
+    seeded as in the run that never stopped, and delivers it."""
+    kw: dict[str, Any] = {
+        "batch_size": BATCH,
+        "workers": 2,
+        "shuffle": True,
+        "seed": 11,
+        "start_method": "fork",
+    }
+    with fastq.Prefetcher(Augmented(40), **kw) as pf:
+        reference = [epoch(pf) for _ in range(2)]
+    with fastq.Prefetcher(Augmented(40), **kw) as pf:
+        first = take(iter(pf), 3)
+        state = roundtrip(pf.state_dict())
+    with fastq.Prefetcher(Augmented(40), state=state, **kw) as pf:
+        rest = epoch(pf)
+        later = epoch(pf)
+    assert same(first + rest, reference[0]) and same(later, reference[1])
+
+    # Only what was left of the epoch is fetched, each sample once.
+    log = str(tmp_path)
+    with fastq.Prefetcher(CallLog(40, log), state=state, **kw) as pf:
+        rest_indices = [i for b in pf for i in b[1].tolist()]
+    fetched = [c.indices[0] for c in calls(log) if c.epoch == 0]
+    assert len(rest_indices) == 40 - 3 * BATCH
+    assert sorted(fetched) == sorted(rest_indices)

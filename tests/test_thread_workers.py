@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import child_pids
-from helpers import PatternDataset, RandomDataset, expected_batch
+from helpers import PatternDataset, RandomDataset, expected_batch, worker_info
 
 import fastq
 
@@ -71,14 +71,14 @@ def test_each_thread_has_its_own_worker_info() -> None:
 
 
 class Augmented:
-    """Draws only from the batch's own generator, as thread workers ask."""
+    """Draws only from the batch's own generator, as thread workers ask
+    (its first batch too: the spec is inferred in a worker thread)."""
 
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, i: int) -> tuple[int, float]:
-        info = fastq.get_worker_info()
-        return i, 0.0 if info is None else info.rng.random()
+        return i, worker_info().rng.random()
 
 
 def test_batch_randomness_is_reproducible_and_globals_are_left_alone() -> None:

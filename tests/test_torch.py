@@ -119,6 +119,23 @@ def test_tensors_held_across_iterations_never_change() -> None:
             assert labels_.tolist() == list(range(8 * b_, 8 * b_ + 8))
 
 
+@pytest.mark.parametrize("slots", [1, 3])
+def test_slots_batches_may_be_kept_while_taking_the_next(slots: int) -> None:
+    """The README's number: `slots` batches alive at each next() go on
+    indefinitely; one more holds every slot of the ring (slots + 1)."""
+    with TorchPrefetcher(Images(200), 2, workers=2, slots=slots) as pf:
+        it = iter(pf)
+        kept = [next(it) for _ in range(slots)]
+        for _ in range(30):  # far past the ring's size
+            kept.append(next(it))
+            kept.pop(0)
+        kept.append(next(it))
+        match = f"all {slots + 1} slots are held"
+        with pytest.raises(fastq.SlotsExhausted, match=match):
+            next(it)
+        del kept
+
+
 def test_slot_returns_when_the_last_tensor_is_garbage() -> None:
     with TorchPrefetcher(Images(64), batch_size=8, workers=1, slots=3) as pf:
         consumer = pf._feed.consumer
@@ -143,6 +160,30 @@ def test_copy_true_gives_owned_tensors() -> None:
             assert pf._feed.consumer.held == 0
             assert not in_ring(images, bounds)
             assert np.array_equal(images.numpy(), expected(labels.numpy())[0])
+
+
+@pytest.mark.parametrize(
+    "how", [{}, {"worker_method": "thread"}], ids=["processes", "threads"]
+)
+def test_a_dataset_that_needs_its_worker_runs_under_torch_prefetcher(
+    how: dict[str, str],
+) -> None:
+    """Its __getitem__ draws from get_worker_info().rng (None outside a
+    worker): the spec comes from a worker, and the tensors are the numpy
+    batches of a Prefetcher."""
+    from helpers import Augmented
+
+    kw: dict[str, Any] = {"batch_size": 4, "workers": 2, "shuffle": True, "seed": 3}
+    with fastq.Prefetcher(Augmented(18), copy=True, **kw, **how) as pf:
+        want = [list(b) for b in pf]
+    with TorchPrefetcher(Augmented(18), **kw, **how) as pf:
+        got = [[t.clone() for t in b] for b in pf]
+    assert len(got) == len(want) == 5
+    fields = 2 if how else 4  # threads leave `random` and `np.random` alone
+    for a, b in zip(got, want):
+        for t, x in zip(a[:fields], b[:fields]):
+            assert isinstance(t, torch.Tensor)
+            np.testing.assert_array_equal(t.numpy(), x)
 
 
 def test_device_cpu_is_plain_cpu_tensors() -> None:

@@ -47,10 +47,25 @@ def test_worker_init_failure_is_reported() -> None:
         batch_size=2,
         workers=2,
         worker_init=failing_init,
+        spec=(((3, 5, 7), "uint8"), ((), "int64"), ((), "float32")),
         start_method="fork",
     ) as pf:
         with pytest.raises(fastq.WorkerError, match="init failed in worker"):
             list(pf)
+
+
+def test_worker_init_failure_without_a_spec_is_raised_by_the_constructor() -> None:
+    """Worker 0 infers the spec after its worker_init: its failure leaves
+    no spec and no ring, so the constructor raises it, as for a stream."""
+    with pytest.raises(fastq.WorkerError, match="init failed in worker 0") as info:
+        fastq.Prefetcher(
+            PatternDataset(8),
+            batch_size=2,
+            workers=2,
+            worker_init=failing_init,
+            start_method="fork",
+        )
+    assert "failing_init" in info.value.remote_traceback
 
 
 def failing_init(worker_id: int) -> None:
@@ -92,3 +107,26 @@ def test_death_after_the_last_batch_needed_is_reported_by_the_next_fetch() -> No
         with pytest.raises(fastq.WorkerDied, match="SIGKILL"):
             next(iter(pf))
     assert pf.closed
+
+
+def test_a_death_in_the_first_batch_without_a_spec_names_when() -> None:
+    """Worker 0 dies making its first sample: no spec, so the constructor
+    raises it; dying later in that batch, whose task the census records as
+    worker 0's, it is raised at the first next() naming the batch."""
+    kill = signal.SIGKILL
+    with pytest.raises(fastq.WorkerDied, match="before the ring existed"):
+        fastq.Prefetcher(
+            SuicideDataset(20, bad=0, signum=kill),
+            batch_size=4,
+            workers=2,
+            start_method="fork",
+        )
+    with fastq.Prefetcher(
+        SuicideDataset(20, bad=1, signum=kill),
+        batch_size=4,
+        workers=2,
+        start_method="fork",
+    ) as pf:
+        with pytest.raises(fastq.WorkerDied, match="while producing batch 0") as info:
+            next(iter(pf))
+    assert info.value.worker == 0 and info.value.task == 0

@@ -601,22 +601,26 @@ def _with_own_type(error: WorkerError) -> BaseException:
         f"raised in fastq worker {error.worker} while producing batch "
         f"{error.task}" + ("" if error.sample is None else f", sample {error.sample!r}")
     )
-    for name, value in (
-        ("worker", error.worker),
-        ("task", error.task),
-        ("sample", error.sample),
-        ("remote_traceback", error.remote_traceback),
-    ):
-        with contextlib.suppress(AttributeError, TypeError):
-            setattr(original, f"fastq_{name}", value)
     note = f"{where}. Remote traceback:\n{error.remote_traceback}"
     if hasattr(original, "add_note"):
         original.add_note(note)
-        return original
-    try:  # before Python 3.11: the note goes into the message, as DataLoader's
-        return type(original)(f"{original}\n{note}")
-    except Exception:
-        return error
+        out = original
+    else:
+        try:  # before Python 3.11: the note goes into the message, as DataLoader's
+            out = type(original)(f"{original}\n{note}")
+        except Exception:
+            return error
+    for name, value in (
+        ("fastq_worker", error.worker),
+        ("fastq_task", error.task),
+        ("fastq_sample", error.sample),
+        ("fastq_remote_traceback", error.remote_traceback),
+        # WorkerError's name for it, so code written for either reads it.
+        ("remote_traceback", error.remote_traceback),
+    ):
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(out, name, value)
+    return out
 
 
 def _as_dataloader_timeout(error: FetchTimeout) -> DataLoaderTimeout:
