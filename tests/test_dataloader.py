@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import BatchSampler, RandomSampler  # noqa: E402
 from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 from torch_helpers.dataloader_port_data import (  # noqa: E402
+    CountingIterableDataset,
     WorkerSpecificIterableDataset,
 )
 from torch_helpers.loader_data import (  # noqa: E402
@@ -519,6 +520,25 @@ def test_default_workers_share_the_cpus_among_local_ranks(
     assert DataLoader(Mixed(1)).num_workers == max(1, cpu_budget() // 8 - 1)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert DataLoader(Mixed(1)).num_workers == max(1, cpu_budget() - 1)
+
+
+def test_an_iterable_dataset_is_read_once_per_epoch_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With num_workers left out, an IterableDataset that does not shard
+    itself (every worker would yield all of it) gets one worker, whatever
+    the CPUs; a map-style dataset keeps CPUs - 1."""
+    import fastq._prefetcher
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(fastq._prefetcher, "cpu_budget", lambda: 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's: more workers than CPUs here
+        assert DataLoader(Mixed(1)).num_workers == 7
+    loader = DataLoader(CountingIterableDataset(10), batch_size=3)
+    assert loader.num_workers == 1
+    for _ in range(2):  # every epoch
+        assert sorted(int(i) for b in loader for i in b) == list(range(10))
 
 
 def test_random_sampler_with_a_generator_matches_torch() -> None:

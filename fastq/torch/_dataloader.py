@@ -56,7 +56,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
     Differences (the README's migration table gives each with its reason):
     ``num_workers`` defaults to the usable CPUs / ``LOCAL_WORLD_SIZE`` - 1
-    (0 runs in this process, as DataLoader's 0 does); torch's generator is
+    for a map-style dataset, and to one worker for an ``IterableDataset``,
+    which each worker would read whole unless it shards itself (0 runs in
+    this process, as DataLoader's 0 does); torch's generator is
     seeded per batch, from (base seed, epoch, batch), like ``random`` and
     ``numpy.random``, so a batch's randomness does not depend on the number
     of workers.
@@ -101,7 +103,12 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         worker_threads: int | None = 1,
     ) -> None:
         if num_workers is None:
-            num_workers = default_workers()
+            # An IterableDataset is read by every worker, whole unless it
+            # shards itself with get_worker_info() (few do: a generator
+            # over files or a stream): one worker reads it once per epoch,
+            # as DataLoader's default does, still off the loop's thread.
+            iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+            num_workers = 1 if iterable else default_workers()
         else:
             count = _as_int(num_workers)
             if count is None or count < 0:
