@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import time
+import typing
 import warnings
 from collections import Counter
 from typing import Any, NamedTuple
@@ -1423,6 +1424,23 @@ def test_invalid_ctor_args_combinations(DataLoader: Any, td: Tensors) -> None:
     ):
         with pytest.raises(ValueError, match=word):
             DataLoader(iterable, **kwargs)
+
+
+def test_typing(DataLoader: Any) -> None:
+    """test_dataloader.py: TestDataLoader.test_typing (the class takes a type
+    argument, so DataLoader[list[torch.Tensor]] is an annotation)"""
+
+    class SomeDatasetClass(torch.utils.data.Dataset[list[torch.Tensor]]):
+        pass
+
+    def create_dataloader(is_train: bool) -> DataLoader[list[torch.Tensor]]:
+        raise NotImplementedError
+
+    alias = DataLoader[list[torch.Tensor]]
+    assert typing.get_origin(alias) is DataLoader
+    assert typing.get_args(alias) == (list[torch.Tensor],)
+    hints = typing.get_type_hints(create_dataloader, localns={"DataLoader": DataLoader})
+    assert hints["return"] == alias
 
 
 def test_excessive_thread_creation_warning(DataLoader: Any, td: Tensors) -> None:

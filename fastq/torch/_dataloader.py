@@ -21,7 +21,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.utils.data
@@ -38,6 +38,9 @@ __all__ = ["DataLoader", "DataLoaderTimeout"]
 
 _MAP_STYLE = 0  # torch's _DatasetKind.Map
 _STATE_FORMAT = "fastq.torch.DataLoader/1"
+# What a batch is, as torch's DataLoader is generic in it: the annotation
+# DataLoader[torch.Tensor] means the same for both.
+_T_co = TypeVar("_T_co", covariant=True)
 
 
 def _decode_rng(text: str) -> torch.Tensor:
@@ -50,7 +53,7 @@ class DataLoaderTimeout(FetchTimeout, RuntimeError):
     RuntimeError DataLoader raises."""
 
 
-class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
+class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """``torch.utils.data.DataLoader`` with fastq's workers: the same
     arguments, in the same order, with the same meaning, then fastq's own.
 
@@ -79,7 +82,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
     def __init__(
         self,
-        dataset: Any,
+        dataset: torch.utils.data.Dataset[_T_co],
         batch_size: int | None = 1,
         shuffle: bool | None = None,
         sampler: Any = None,
@@ -455,7 +458,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 engine.close()
 
 
-def _world_size(loader: DataLoader) -> int:
+def _world_size(loader: DataLoader[Any]) -> int:
     """The ranks a DistributedSampler (or any sampler with its
     ``num_replicas``) shards the dataset across; 1 without one."""
     replicas = getattr(loader.sampler, "num_replicas", 1)
@@ -484,7 +487,7 @@ class _LoaderIterator:
 
     def __init__(
         self,
-        loader: DataLoader,
+        loader: DataLoader[Any],
         it: Iterator[Any],
         epoch: int = 0,
         done: int = 0,
@@ -558,7 +561,7 @@ class _LoaderIterator:
             loader.close()
 
 
-def _samplers(loader: DataLoader) -> list[Any]:
+def _samplers(loader: DataLoader[Any]) -> list[Any]:
     found: list[Any] = []
     for s in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
         if s is not None and all(s is not f for f in found):
@@ -576,7 +579,7 @@ def _context(multiprocessing_context: Any) -> Any:
     return get_context(multiprocessing_context.get_start_method())
 
 
-def _pinner(loader: DataLoader) -> Any:
+def _pinner(loader: DataLoader[Any]) -> Any:
     if loader.pin_memory and torch.cuda.is_available():
         # DataLoader's pin_memory: each batch copied into page-locked memory
         # (the slot returns at once). TorchPrefetcher(pin_memory=True) pins
