@@ -20,6 +20,7 @@ import itertools
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -140,7 +141,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._warned_pin = False
         self._resume: dict[str, Any] | None = None  # loaded, for the next iter()
         self._seed_from_state = False
-        self._live: _LoaderIterator | None = None  # the current epoch's loop
+        # The current epoch's loop, weakly: the loop refers to this loader,
+        # and a cycle would keep both (and the workers) alive after the
+        # loop is dropped, until a garbage-collector pass.
+        self._live: weakref.ref[_LoaderIterator] | None = None
         super().__init__(
             dataset,
             batch_size,
@@ -243,8 +247,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             if engine is None:
                 engine = self._start(None, epoch)
                 if engine is None:
-                    return _LoaderIterator(self, iter(()))
-            return _LoaderIterator(self, iter(engine))
+                    return self._register(_LoaderIterator(self, iter(())))
+            return self._register(_LoaderIterator(self, iter(engine)))
         rng = generator.get_state()  # as the sampler starts to draw
         skip = 0 if resume is None else int(resume["batches_done"])
         batches = iter(self._index_sampler)
@@ -265,8 +269,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _loop(
         self, it: Iterator[Any], epoch: int, done: int, rng: torch.Tensor
     ) -> _LoaderIterator:
-        self._live = _LoaderIterator(self, it, epoch, done, self._seed, rng)
-        return self._live
+        return self._register(_LoaderIterator(self, it, epoch, done, self._seed, rng))
+
+    def _register(self, live: _LoaderIterator) -> _LoaderIterator:
+        """Makes ``live`` the current loop (the one state_dict() reads, and
+        the one whose drop stops transient workers)."""
+        self._live = weakref.ref(live)
+        return live
 
     # -------------------------------------------------------------- state
 
@@ -279,7 +288,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         bit-identical to a run that never stopped, with any
         ``num_workers > 0``."""
         self._check_stateful()
-        live = self._live
+        live = self._current_loop()
         if live is not None and live.in_epoch:
             epoch, done, seed, rng = live.epoch, live.done, live.seed, live.rng
         else:  # between epochs: the next starts as the uninterrupted run's
@@ -338,8 +347,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             raise ConfigError(
                 f"state['batches_done']={done!r}: expected 0 to {len(self)}"
             )
-        if self._live is not None:
-            self._live.superseded = True
+        live = self._current_loop()
+        if live is not None:
+            live.superseded = True
         self.close()  # workers restart with the state's seed
         self._seed = state.get("seed")
         self._seed_from_state = self._seed is not None
@@ -358,6 +368,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if not self.persistent_workers:
             self._seed, self._seed_from_state = None, False
         self.set_epoch(state["epoch"] + 1)
+
+    def _current_loop(self) -> _LoaderIterator | None:
+        return None if self._live is None else self._live()
 
     def _check_stateful(self) -> None:
         if self._dataset_kind != _MAP_STYLE or self.num_workers == 0:
@@ -473,6 +486,7 @@ class _LoaderIterator:
     the sampler generator's state as the epoch began."""
 
     __slots__ = (
+        "__weakref__",
         "_begun",
         "_handed",
         "_it",
@@ -547,6 +561,20 @@ class _LoaderIterator:
             # Past a peek (`next(iter(loader))`): this epoch is used up.
             self._mark_begun()
         return batch
+
+    def __del__(self) -> None:
+        # DataLoader's iterator shuts its workers down when it is dropped,
+        # without persistent_workers: so does the current loop (an older
+        # one's workers are already gone, or belong to a newer loop). A
+        # weak reference to a dying object still answers in its __del__.
+        loader = self._loader
+        if (
+            self.in_epoch
+            and not loader.persistent_workers
+            and loader._current_loop() is self
+        ):
+            with contextlib.suppress(Exception):
+                loader.close()
 
     def _mark_begun(self) -> None:
         if not self._begun:
