@@ -231,6 +231,15 @@ def wait_gone(pids: set[int], timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def script_env() -> dict[str, str]:
+    """The environment of a script a test runs: the class under test named,
+    and this directory importable ahead of whatever PYTHONPATH already
+    holds (the fastq under test, for one)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, FASTQ_PORT_AGAINST=AGAINST, PYTHONPATH=path)
+
+
 def assert_like(got: Any, want: Any, path: str = "batch") -> None:
     """`got` has the structure and types of `want` (made by default_collate
     or default_convert in this process): the same containers, tensors of the
@@ -1005,19 +1014,60 @@ def test_early_exit(tmp_path: Any) -> None:
         "    for _ in dl:\n"
         "        break\n"
     )
-    env = dict(
-        os.environ,
-        FASTQ_PORT_AGAINST=AGAINST,
-        PYTHONPATH=os.path.dirname(os.path.abspath(__file__)),
-    )
     proc = subprocess.run(
         [sys.executable, str(script)],
-        env=env,
+        env=script_env(),
         timeout=50,
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("iterable", [False, True], ids=["map", "iterable"])
+@PERSISTENT
+def test_proper_exit_worker_error(
+    tmp_path: Any, iterable: bool, persistent_workers: bool
+) -> None:
+    """test_dataloader.py: TestDataLoader.test_proper_exit (the worker_error
+    exit with the iterator still referenced: a worker raises after the
+    first batch, the error leaves the loop and ends the script with a
+    non-zero exit, and none of its workers is left. The worker's failure
+    is switched on by a file instead of a multiprocessing.Event)"""
+    pids, flag = tmp_path / "pids", tmp_path / "flag"
+    script = tmp_path / "proper_exit.py"
+    dataset = "ProperExitIterableDataset(7" if iterable else "ProperExitDataset(12"
+    script.write_text(
+        "import functools, os\n"
+        "from torch_helpers import dataloader_port_data as port\n"
+        "if os.environ['FASTQ_PORT_AGAINST'] == 'torch':\n"
+        "    from torch.utils.data import DataLoader\n"
+        "else:\n"
+        "    from fastq.torch import DataLoader\n"
+        "\n"
+        "if __name__ == '__main__':\n"
+        f"    loader = DataLoader(port.{dataset}, {str(flag)!r}), batch_size=1,\n"
+        "                        shuffle=False, num_workers=2,\n"
+        f"                        persistent_workers={persistent_workers},\n"
+        "                        worker_init_fn=functools.partial(\n"
+        f"                            port.record_pid, {str(pids)!r}))\n"
+        "    it = iter(loader)\n"
+        "    for i, _ in enumerate(it):\n"
+        "        if i == 0:\n"
+        f"            open({str(flag)!r}, 'w').close()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=script_env(),
+        timeout=50,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0, proc.stderr
+    assert "RuntimeError: Worker error" in proc.stderr
+    workers = {int(line) for line in pids.read_text().split()}
+    assert len(workers) == 2
+    wait_gone(workers, timeout=PROMPT_EXIT_S)
 
 
 def test_multiple_dataloaders(DataLoader: Any, td: Tensors) -> None:
