@@ -284,7 +284,12 @@ class Feed:
                 self.host._fail(error)
             del lease
             self.consumer.pending = -1  # this batch is over: the loop goes on
-            raise error
+            try:
+                raise error
+            finally:
+                # No cycle through this frame: the error's traceback holds
+                # the caller's, which holds the batch's lease (its slot).
+                del error
         if lease.kind != SLOT_BATCH:
             raise RingError(f"slot {lease.slot} of kind {lease.kind} handed out")
         rows = lease.rows

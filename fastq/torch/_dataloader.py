@@ -650,6 +650,10 @@ def _with_own_type(error: WorkerError) -> BaseException:
     note = f"{where}. Remote traceback:\n{error.remote_traceback}"
     if hasattr(original, "add_note"):
         original.add_note(note)
+        # Raised in its place, with `error` as its context: no cycle back,
+        # which would keep error's frames (and a batch's slot) until a
+        # garbage-collector pass.
+        error.__cause__ = None
         return original
     try:  # before Python 3.11: the note goes into the message, as DataLoader's
         return type(original)(f"{original}\n{note}")
