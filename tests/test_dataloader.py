@@ -8,6 +8,7 @@ import gc
 import inspect
 import json
 import os
+import re
 import warnings
 from typing import Any
 
@@ -568,6 +569,58 @@ def test_an_iterable_dataset_is_read_once_per_epoch_by_default(
     assert loader.num_workers == 1
     for _ in range(2):  # every epoch
         assert sorted(int(i) for b in loader for i in b) == list(range(10))
+
+
+def items_in_order(loader: Any, stop: int | None = None) -> list[Any]:
+    """Each item (w, k) of a Turns dataset, or its error's "bad w k", in
+    the order the loop gets them; at most `stop` of them."""
+    got: list[Any] = []
+    it = iter(loader)
+    while stop is None or len(got) < stop:
+        try:
+            w, k = next(it)
+        except StopIteration:
+            break
+        except ValueError as exc:  # torch's message quotes the original
+            got.append(re.findall(r"bad \d+ \d+", str(exc))[-1])
+            continue
+        got.append((int(w), int(k)))
+    return got
+
+
+TURNS = {
+    "even": {"counts": [6, 6]},
+    "uneven": {"counts": [2, 7, 4]},
+    "first-empty": {"counts": [0, 5, 3]},
+    "errors": {"counts": [4, 4], "bad": ((0, 1), (1, 2))},
+    "first-fails": {"counts": [4, 4], "bad": ((0, 0), (0, 1))},
+    "all-fail": {"counts": [2, 2], "bad": ((0, 0), (0, 1), (1, 0), (1, 1))},
+    "slow-first": {"counts": [4, 8, 8], "slow": 0, "delay": 0.05},
+}
+
+
+@pytest.mark.parametrize("case", list(TURNS))
+def test_an_iterable_datasets_batches_come_from_the_workers_in_turn(
+    case: str,
+) -> None:
+    """in_order over an IterableDataset: DataLoader's order, every epoch,
+    persistent or not, after a break: worker 0, 1, 2, ... in turn, skipping
+    a worker whose stream ended, each failed item in its worker's turn,
+    whichever worker is quicker (the slow one is waited for)."""
+    dataset = Turns(**TURNS[case])  # type: ignore[arg-type]
+    workers = len(dataset.counts)
+    opts: dict[str, Any] = {"batch_size": None, "num_workers": workers}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's: more workers than CPUs
+        want = items_in_order(TorchLoader(dataset, **opts))
+        assert sorted(map(str, want)) == sorted(
+            map(str, items_in_order(TorchLoader(dataset, **opts, in_order=False)))
+        )
+        for persistent in (False, True):
+            loader = DataLoader(dataset, **opts, persistent_workers=persistent)
+            assert items_in_order(loader, stop=3) == want[:3]
+            for _ in range(2):
+                assert items_in_order(loader) == want
 
 
 def test_random_sampler_with_a_generator_matches_torch() -> None:

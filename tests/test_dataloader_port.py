@@ -56,11 +56,6 @@ AGAINST = os.environ.get("FASTQ_PORT_AGAINST", "fastq")
 if AGAINST not in ("fastq", "torch"):
     raise ValueError(f"FASTQ_PORT_AGAINST={AGAINST!r}: use 'fastq' or 'torch'")
 FASTQ = AGAINST == "fastq"
-# Why a ported test is expected to fail against fastq.
-INTERLEAVED = (
-    "migration table: an IterableDataset's batches are interleaved as worke"
-    "rs make them, not round-robin"
-)
 
 START_METHODS = [
     m for m in ("fork", "forkserver", "spawn") if m in mp.get_all_start_methods()
@@ -970,11 +965,6 @@ def test_dataset_not_reset(DataLoader: Any) -> None:
         dataset.start = i + 1
 
 
-@pytest.mark.xfail(
-    FASTQ,
-    strict=False,
-    reason=INTERLEAVED,
-)
 @PERSISTENT
 def test_multi_epochs_reproducibility(
     DataLoader: Any, persistent_workers: bool
@@ -1202,9 +1192,12 @@ def test_worker_init_fn(DataLoader: Any) -> None:
 @pytest.mark.parametrize("num_workers", [1, 2])
 def test_ind_worker_queue(DataLoader: Any, num_workers: int) -> None:
     """test_dataloader.py: TestIndividualWorkerQueue.test_ind_worker_queue
-    (without the round-robin assignment of batches to workers: batches in
-    order, each made by one worker whose bound-method worker_init_fn ran on
-    that worker's dataset copy)"""
+    (batches in order, each made by one worker whose bound-method
+    worker_init_fn ran on that worker's dataset copy; batch i by worker
+    i % num_workers against DataLoader only: fastq gives a map-style batch
+    to the first worker with a free slot, a row of the migration table. An
+    IterableDataset's batches do come in turn, as
+    test_multi_epochs_reproducibility checks)"""
     for batch_size in (8, 16):
         dataset = port.WorkerQueueDataset(list(range(128)))
         loader = DataLoader(
@@ -1219,6 +1212,8 @@ def test_ind_worker_queue(DataLoader: Any, num_workers: int) -> None:
         for i, (worker_ids, sample) in enumerate(loader):
             ids = set(worker_ids.tolist())
             assert len(ids) == 1 and ids <= set(range(num_workers))
+            if not FASTQ:
+                assert ids == {i % num_workers}
             want = list(range(i * batch_size, (i + 1) * batch_size))
             assert sample.tolist() == want
             n += 1
