@@ -1,9 +1,11 @@
 """Turns: a stream's batches in order from its workers in turn, as
 DataLoader's in_order delivers an IterableDataset's (the protocol and why
-it cannot deadlock: src_c/fq_ring.h, "Turns"). Which task a worker's turn
-is, and the consumer's side: the next task, and how far workers may go."""
+it cannot deadlock: src_c/fq_ring.h, "Turns"). A worker's side: its turn's
+task and slot; the consumer's: the next task, and how far workers may go."""
 
 from __future__ import annotations
+
+import time
 
 from ._ring import Consumer, Ring
 
@@ -17,6 +19,31 @@ _RUNNING = 1 << 63  # a worker's end while its stream runs
 def turn_task(pass_: int, turn: int, worker: int, workers: int) -> int:
     """The task of worker ``worker``'s ``turn``-th item in pass ``pass_``."""
     return (pass_ << PASS_SHIFT) + turn * workers + worker
+
+
+def take_turn(
+    ring: Ring, worker: int, workers: int, pass_: int, turn: int
+) -> tuple[int, int, int, int]:
+    """A worker's ``turn`` of pass ``pass_``, or its turn 0 of the pass the
+    consumer began since: (slot, pass, turn, wait_ns), with the turn's task
+    recorded in the slot; slot < 0 once the ring is closed. The task is
+    granted before a slot is taken, so a worker holds no slot while it
+    waits for its turn."""
+    t0 = time.perf_counter_ns()
+    while True:
+        current = ring.pass_
+        if current != pass_:
+            pass_, turn = current, 0
+        task = turn_task(pass_, turn, worker, workers)
+        if not ring.wait_planned(task):
+            return -1, pass_, turn, 0
+        if ring.pass_ == pass_:
+            break  # else a new pass's grant woke it: its turn 0 then
+    slot = ring.pop_free(worker)
+    if slot < 0:
+        return slot, pass_, turn, 0
+    ring.record_task(slot, task)
+    return slot, pass_, turn, time.perf_counter_ns() - t0
 
 
 class Turns:
@@ -106,4 +133,4 @@ class Turns:
         return self.floor[worker] <= task <= self.end[worker]
 
 
-__all__ = ["PASS_SHIFT", "Turns", "turn_task"]
+__all__ = ["PASS_SHIFT", "Turns", "take_turn", "turn_task"]

@@ -34,7 +34,7 @@ from ._shm import Region, SharedFd
 from ._spec import BatchSpec
 from ._streams import ShuffleBuffer, worker_stream
 from ._threads import limit_threads
-from ._turns import turn_task
+from ._turns import take_turn
 from ._worker_info import WorkerInfo, _answer_for_torch, _set_worker_info
 
 _PR_SET_PDEATHSIG = 1
@@ -531,27 +531,8 @@ class _Producer:
                 return
 
     def _take_turn(self, pass_: int, turn: int) -> tuple[int, int, int, int]:
-        """Turns: (slot, pass, turn, wait_ns) for this worker's `turn` of
-        pass `pass_`, or its turn 0 of the pass the consumer began since;
-        slot < 0 once the ring is closed. The turn's task is granted before
-        a slot is taken (see src_c/fq_ring.h, Turns)."""
-        ring = self.ring
-        workers = self.cfg.num_workers
-        t0 = time.perf_counter_ns()
-        while True:
-            current = ring.pass_
-            if current != pass_:
-                pass_, turn = current, 0
-            task = turn_task(pass_, turn, self.wid, workers)
-            if not ring.wait_planned(task):
-                return -1, pass_, turn, 0
-            if ring.pass_ == pass_:
-                break  # else a new pass's grant woke it: its turn 0 then
-        slot = ring.pop_free(self.wid)
-        if slot < 0:
-            return slot, pass_, turn, 0
-        ring.record_task(slot, task)
-        return slot, pass_, turn, time.perf_counter_ns() - t0
+        """Turns: (slot, pass, turn, wait_ns), see fastq._turns.take_turn."""
+        return take_turn(self.ring, self.wid, self.cfg.num_workers, pass_, turn)
 
     def _wait_while_parked(self) -> bool:
         """Sleeps while workers="auto" keeps this worker parked (it holds
