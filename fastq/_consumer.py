@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from ._pool import WorkerPool
     from ._sampler import EpochSampler
     from ._spec import BatchSpec
+    from ._turns import Turns
 
 _ALL_TASKS = 1 << 63
 # The token of a loop that ran to its end: never current, never closed.
@@ -146,6 +147,8 @@ class Feed:
         self.in_pass = False
         self.resume_items: list[int] | None = None
         self.first_pass = 0  # the number of the ring's pass 0 (a state's)
+        # A stream whose workers' items come in turn (fastq/_turns.py).
+        self.turns: Turns | None = None
         self.wait_ns = 0  # stats: waiting for batches, after the first
 
     # ------------------------------------------------------------ passes
@@ -190,6 +193,8 @@ class Feed:
         self.in_pass = True
         c.items = self.resume_items or [0] * self.pool.size
         self.resume_items = None
+        if self.turns is not None:
+            self.turns.begin(c.pass_)
         return _PassIterator(self, self.live, c.ends)
 
     def stream_place(self) -> StreamResume:
@@ -254,6 +259,8 @@ class Feed:
                 if self.timeout is not None:
                     deadline = time.monotonic() + self.timeout
             self.host._reclaim_slots()
+            if self.turns is not None:
+                self.turns.grant()  # batches released since the last grant
             if c.take(lo, hi, ordered):
                 break
             self.check_census()
@@ -284,7 +291,12 @@ class Feed:
                 self.host._fail(error)
             del lease
             self.consumer.pending = -1  # this batch is over: the loop goes on
-            raise error
+            try:
+                raise error
+            finally:
+                # No cycle through this frame: the error's traceback holds
+                # the caller's, which holds the batch's lease (its slot).
+                del error
         if lease.kind != SLOT_BATCH:
             raise RingError(f"slot {lease.slot} of kind {lease.kind} handed out")
         rows = lease.rows
@@ -578,6 +590,9 @@ class _PassIterator:
         c = feed.consumer
         workers = self._workers
         views = feed.views
+        turns = feed.turns
+        if turns is not None and self._token == feed.live:
+            turns.advance()
         if (
             views is not None
             and self._token == feed.live
@@ -591,8 +606,12 @@ class _PassIterator:
         while self._token == feed.live and c.ends - self._ends0 < workers:
             lease = feed.next_lease(0, _ALL_TASKS)
             if lease.pass_ < c.pass_ or lease.kind == SLOT_END:
+                if turns is not None and lease.pass_ == c.pass_:
+                    turns.ended_at(lease.worker, lease.task)
                 del lease
                 c.pending = -1  # dropped; an end marker is counted there
+                if turns is not None:
+                    turns.advance()
                 continue
             # A sample stream's state counts samples: it resumes with any
             # batch size.

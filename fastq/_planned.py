@@ -25,6 +25,7 @@ from ._pool import WorkerPool
 from ._prefetcher import _SPIN_NS, Prefetcher, _in_main_thread
 from ._ring import MAX_SLOTS, Ring, SlotLease, region_size
 from ._shm import PAGE_SIZE, Region
+from ._turns import Turns
 from ._worker import WorkerConfig
 from ._worker_info import WorkerInfo
 from .errors import ConfigError
@@ -120,11 +121,20 @@ class PlannedPrefetcher(Prefetcher):
         self._asked: int | None = None  # worker whose answer is due
         self._asked_plan: Plan | None = None  # the task whose answer is due
         self._probed = 0  # the worker asked last
+        # An iterable source's workers whose stream has not ended, and
+        # those asked already (the others start theirs afresh when asked).
+        self._streams = set(range(workers))
+        self._started = {0}
         self._early_error: Exception | None = None
         self._early_handed = 0
         self._ended = False  # no first batch is left to ask for
         self._live = 0  # the current loop's token until the Feed exists
         self._passes = 0
+        # An iterable source in order: the workers' batches come in turn,
+        # as DataLoader's in_order gives them (fastq/_turns.py); each
+        # worker's turns used before the ring by first batches that failed.
+        self._turns = first is None and ordered and workers > 1
+        self._early_turns = [0] * workers
         first_plan = None
         if first is not None:
             self._take_ahead(self._entries)
@@ -155,6 +165,7 @@ class PlannedPrefetcher(Prefetcher):
                 first_plan=first_plan if w == 0 else None,
                 max_rows=max_rows,
                 packed=True,
+                turns=self._turns,
             )
             for w in range(workers)
         ]
@@ -192,15 +203,25 @@ class PlannedPrefetcher(Prefetcher):
         self._epoch_count += 1
         return Plan(task, self._epoch, self._epoch_count - 1, list(indices))
 
-    def _ask(self, fresh: bool = False) -> bool:
+    def _ask(self) -> bool:
         """Asks for the next first batch (a planned source's next task, or
-        an iterable worker's next batch); False if there is none to ask."""
-        payload: Any = fresh
+        the next item of an iterable's next worker in turn, as DataLoader
+        takes them); False if there is none to ask."""
+        payload: Any
         if self._is_map:
             payload = self._next_plan()
             if payload is None:
                 return False
             self._asked_plan = payload
+        else:
+            after = self._probed
+            turn = ((after + k) % self.workers for k in range(1, self.workers + 1))
+            worker = next((w for w in turn if w in self._streams), None)
+            if worker is None:
+                return False
+            payload = worker not in self._started  # its stream starts now
+            self._started.add(worker)
+            self._probed = worker
         assert self._pool is not None
         self._pool.ask_first(self._probed, payload)
         self._asked = self._probed
@@ -224,6 +245,8 @@ class PlannedPrefetcher(Prefetcher):
                 self._build_ring(payload, held, worker)
                 return
             if kind == "error":
+                if not self._is_map:
+                    self._early_turns[worker] += 1
                 report, position = payload
                 self._early_error = batch_error(
                     _report.decode(report),
@@ -234,10 +257,9 @@ class PlannedPrefetcher(Prefetcher):
                     indices=self._planned_indices.pop(task, None),
                 )
                 return
-            if kind == "empty":  # an iterable worker with nothing at all
-                self._probed += 1
-                if self._probed < self.workers:
-                    self._ask(fresh=True)
+            if kind == "empty":  # an iterable worker with nothing (more)
+                self._streams.discard(worker)
+                if self._ask():
                     continue
                 if initial:
                     raise pool.empty_error()
@@ -317,6 +339,8 @@ class PlannedPrefetcher(Prefetcher):
             indices_of=self._planned_indices.get,
         )
         feed.live = self._live  # the current loop goes on over the ring
+        if self._turns:
+            feed.turns = Turns(ring, feed.consumer, self._early_turns)
         if plan is not None:
             assert held is not None
             feed.consumer.next_task = held.task

@@ -34,6 +34,7 @@ from ._shm import Region, SharedFd
 from ._spec import BatchSpec
 from ._streams import ShuffleBuffer, worker_stream
 from ._threads import limit_threads
+from ._turns import take_turn
 from ._worker_info import WorkerInfo, _answer_for_torch, _set_worker_info
 from .errors import RingError
 
@@ -92,6 +93,12 @@ class WorkerConfig:
     # the pass number the ring's first pass stands for.
     resume_items: int = 0
     first_pass: int = 0
+    # A packed stream delivered in order: the workers' items come in turn
+    # (fastq/_turns.py), this worker's from `first_turn` in the ring's
+    # first pass (its first batches that failed before the ring existed
+    # used the turns before it).
+    turns: bool = False
+    first_turn: int = 0
     # A thread of the consumer's process (fastq/_thread_workers.py): the
     # process, its signals, thread pools and global random state are the
     # training loop's, and stay as they are.
@@ -289,6 +296,8 @@ def _try_first_batch(
     except Exception as exc:
         position = getattr(cfg.source, "position", -1) if plan is not None else -1
         conn.send(("error", (_report.encode(exc, _REPORT_LIMIT), position)))
+        if plan is None:
+            cfg.first_turn += 1  # raised in its turn before the ring
         return _NOTHING, it
     conn.send(("spec", spec))
     return batch, it
@@ -511,6 +520,10 @@ class _Producer:
         reports it again in each new pass: a pass that a `break` abandoned
         before the report must not leave the next one waiting for this
         worker's end of stream."""
+        if self.cfg.turns:
+            self._report_in_turns(exc)
+            self._idle_until_closed()
+            return
         while True:
             slot, _, _ = self._take_slot()
             if slot < 0:
@@ -520,6 +533,30 @@ class _Producer:
             if self.cfg.is_map or not self._wait_for_next_pass(pass_):
                 break
         self._idle_until_closed()
+
+    def _report_in_turns(self, exc: BaseException) -> None:
+        """report_and_stop for turns: in each pass, the error in this
+        worker's first turn, then its end marker in the next."""
+        pass_ = 0
+        first = turn = self.cfg.first_turn
+        while True:
+            slot, current, turn, _ = self._take_turn(pass_, turn)
+            if slot < 0:
+                return
+            if current != pass_:
+                pass_, first = current, 0
+            if turn == first:
+                self._report(slot, exc, UNKNOWN_SAMPLE, pass_)
+                turn += 1
+                continue
+            if not self.ring.publish(slot, SLOT_END, 0, pass_, self.wid):
+                return
+            if not self._wait_for_next_pass(pass_):
+                return
+
+    def _take_turn(self, pass_: int, turn: int) -> tuple[int, int, int, int]:
+        """Turns: (slot, pass, turn, wait_ns), see fastq._turns.take_turn."""
+        return take_turn(self.ring, self.wid, self.cfg.num_workers, pass_, turn)
 
     def _wait_while_parked(self) -> bool:
         """Sleeps while workers="auto" keeps this worker parked (it holds
@@ -675,12 +712,17 @@ class _Producer:
         resumed = 0, cfg.resume_items  # the ring pass a state's items are of
         drawn = 0  # samples taken from this pass's stream before this batch
         ended = False  # a sample stream that ended inside its last batch
+        turn = cfg.first_turn  # with turns: this worker's next one
         while True:
-            slot, _task, wait_ns = self._take_slot()
+            if cfg.turns:
+                slot, current, turn, wait_ns = self._take_turn(pass_, turn)
+                turn += 1  # whatever this slot carries uses the turn up
+            else:
+                slot, _task, wait_ns = self._take_slot()
+                current = ring.pass_
             if slot < 0:
                 return
             t0 = time.perf_counter_ns()
-            current = ring.pass_
             if current != pass_ or it is None:
                 # A new pass (or the first): abandon the old iterator, and
                 # the item it made before the ring existed.

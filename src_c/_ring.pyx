@@ -203,11 +203,18 @@ cdef class Ring:
         self._check_slot(slot)
         return fq_claim_task(&self.ring, slot)
 
+    def record_task(self, uint32_t slot, uint64_t task):
+        """Records `task` (a turn's, granted before the slot was taken) in
+        the census of `slot`, which the caller holds."""
+        self._check_slot(slot)
+        fq_record_task(&self.ring, slot, task)
+
     # ------------------------------------------------------- planned tasks
 
     @property
     def planned(self):
-        """Tasks below this number have a plan (planned sources)."""
+        """Tasks below this number have a plan (planned sources), or are
+        granted (turns)."""
         return fq_planned(&self.ring)
 
     def set_planned(self, uint64_t planned):

@@ -464,6 +464,12 @@ uint64_t fq_claim_task(fq_ring *r, uint32_t slot) {
     return t;
 }
 
+void fq_record_task(fq_ring *r, uint32_t slot, uint64_t task) {
+    fault_check(FQ_FAULT_CLAIM);
+    /* relaxed, as in fq_claim_task: the READY push publishes it. */
+    atomic_store_explicit(&r->headers[slot].task, task, memory_order_relaxed);
+}
+
 int fq_queued(const fq_ring *r, fq_queue_id qid, uint32_t i) {
     const fq_queue *q = &r->ctrl->queues[qid];
     const fq_cell *cells = r->cells[qid];

@@ -129,6 +129,36 @@
  *   (release) after the indices are written, and a reader re-checks it
  *   after copying them (acquire fence).
  *
+ * Turns (a stream in order, as DataLoader's in_order delivers an
+ * IterableDataset's batches: from the workers in turn, skipping those whose
+ * stream has ended). Worker w of W makes its k-th item of pass p as task
+ *     (p << 40) + k * W + w
+ * instead of claiming one (fq_record_task records it), so the consumer's
+ * order by task is round-robin, whichever worker is quicker. Such a task
+ * is claimed per worker, not in increasing order, so the argument above
+ * no longer holds by itself: worker w's next task may be the one the
+ * consumer waits for while the other workers fill every slot with later
+ * tasks. The `planned` counter is the consumer's grant instead:
+ *   - a worker waits (fq_wait_planned) until planned > its task BEFORE it
+ *     takes a slot, so it holds no slot while it waits, and at most one
+ *     slot per granted task;
+ *   - the consumer raises planned only as far as the tasks granted and
+ *     not yet handed out, of workers still in their stream, number at most
+ *     nslots minus the slots its user holds (a hand-out moves one from one
+ *     count to the other; a release only lowers the second), and never
+ *     past its next task + the window's size (a power of two >= nslots),
+ *     so tasks in flight keep distinct window positions.
+ * So when the consumer waits for task t, t is granted (it grants before
+ * waiting while the user holds fewer than nslots; holding all of them is
+ * the "holds every slot" report), and the slots held by the user and by
+ * every other granted task number at most nslots - 1: one is free or on
+ * its way back (an abandoned pass's batch, which the consumer drops as it
+ * arrives), and no other worker can take more than its granted tasks'
+ * share, so t's worker gets one. The consumer steps over the tasks of a
+ * worker past its end marker, and of a worker's turns used before the
+ * ring existed. A new pass starts at (p << 40): above every task before
+ * it, so its grants wake workers still waiting in the last pass.
+ *
 * A process that dies inside a push or pop leaves its cell half-written and
  * the queue stuck at that position. fastq treats any worker death as fatal
  * to the ring (the consumer raises WorkerDied and tears down), so the ring
@@ -251,7 +281,8 @@ typedef struct fq_ctrl {
     _Atomic uint32_t pass;    /* current pass over a callable source */
     _Atomic uint32_t plan_waiters; /* workers waiting for a task's plan */
     _Atomic uint32_t active;  /* workers below it take slots; others park */
-    _Atomic uint64_t planned; /* planned sources: tasks below it have a plan */
+    _Atomic uint64_t planned; /* planned sources: tasks below it have a plan;
+                                 turns: tasks below it are granted */
     alignas(FQ_CACHE_LINE) _Atomic uint64_t next_task; /* fetch_add by workers */
 
     fq_queue queues[2]; /* FQ_FREE, FQ_READY */
@@ -338,6 +369,10 @@ uint32_t fq_depth(const fq_ring *r, fq_queue_id q);
 /* Claims the next task number for the slot the caller holds and records
  * it in the slot's census. */
 uint64_t fq_claim_task(fq_ring *r, uint32_t slot);
+
+/* Turns (see above): records the task the caller's turn names, granted
+ * before it took the slot, in the slot's census. */
+void fq_record_task(fq_ring *r, uint32_t slot, uint64_t task);
 
 /* Whether slot i sits published in queue q (a snapshot, for diagnostics:
  * a dead worker's slot marked READY was either published or lost inside

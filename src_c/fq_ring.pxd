@@ -96,6 +96,7 @@ cdef extern from "fq_ring.h" nogil:
                int64_t timeout_ns, unsigned abort)
     uint32_t fq_depth(const fq_ring *r, fq_queue_id q)
     uint64_t fq_claim_task(fq_ring *r, uint32_t slot)
+    void fq_record_task(fq_ring *r, uint32_t slot, uint64_t task)
     int fq_queued(const fq_ring *r, fq_queue_id q, uint32_t i)
     uint64_t fq_next_task(const fq_ring *r)
     uint32_t fq_slot_owner(const fq_ring *r, uint32_t i)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import inspect
 import math
 import multiprocessing as mp
@@ -28,6 +27,7 @@ import os
 import subprocess
 import sys
 import time
+import typing
 import warnings
 from collections import Counter
 from typing import Any, NamedTuple
@@ -56,16 +56,10 @@ AGAINST = os.environ.get("FASTQ_PORT_AGAINST", "fastq")
 if AGAINST not in ("fastq", "torch"):
     raise ValueError(f"FASTQ_PORT_AGAINST={AGAINST!r}: use 'fastq' or 'torch'")
 FASTQ = AGAINST == "fastq"
-# Why a ported test is expected to fail against fastq.
-INTERLEAVED = (
-    "migration table: an IterableDataset's batches are interleaved as worke"
-    "rs make them, not round-robin"
-)
 
 START_METHODS = [
     m for m in ("fork", "forkserver", "spawn") if m in mp.get_all_start_methods()
 ]
-USABLE_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 PERSISTENT = pytest.mark.parametrize(
     "persistent_workers", [False, True], ids=["transient", "persistent"]
@@ -219,12 +213,26 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+# How long workers may take to exit once nothing needs them: a bound for a
+# loaded machine, not a timing; waiting for them is polled.
+PROMPT_EXIT_S = 5.0
+
+
 def wait_gone(pids: set[int], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while any(alive(p) for p in pids):
         if time.monotonic() > deadline:
             pytest.fail(f"workers still alive: {[p for p in pids if alive(p)]}")
         time.sleep(0.05)
+
+
+def script_env() -> dict[str, str]:
+    """The environment of a script a test runs: the class under test named,
+    and this directory importable ahead of whatever PYTHONPATH already
+    holds (the fastq under test, for one)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, FASTQ_PORT_AGAINST=AGAINST, PYTHONPATH=path)
 
 
 def assert_like(got: Any, want: Any, path: str = "batch") -> None:
@@ -891,17 +899,24 @@ def test_large_sampler_indices(DataLoader: Any, persistent_workers: bool) -> Non
 
 
 @PERSISTENT
-def test_partial_workers(DataLoader: Any, persistent_workers: bool) -> None:
+@pytest.mark.parametrize("keep_loader", [False, True], ids=["iter-only", "loader"])
+def test_partial_workers(
+    DataLoader: Any, persistent_workers: bool, keep_loader: bool
+) -> None:
     """test_dataloader.py: TestDataLoader.test_partial_workers (workers exit
-    once an unfinished iterator is dropped; pids taken from the samples)"""
-    it = iter(
-        DataLoader(
-            port.PidDataset(100),
-            batch_size=2,
-            num_workers=2,
-            persistent_workers=persistent_workers,
-        )
+    once an iterator is dropped after 11 of 50 batches, with no garbage
+    collection: the iterator held the only reference to the loader;
+    extended: with the loader still referenced, the workers of a
+    non-persistent one exit too. Pids taken from the samples)"""
+    loader = DataLoader(
+        port.PidDataset(100),
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=persistent_workers,
     )
+    it = iter(loader)
+    if not keep_loader:
+        del loader
     pids: set[int] = set()
     i = -1
     for i, (_idx, pid) in enumerate(it):
@@ -910,9 +925,13 @@ def test_partial_workers(DataLoader: Any, persistent_workers: bool) -> None:
             break
     assert i == 10
     assert pids and os.getpid() not in pids
-    del it
-    gc.collect()
-    wait_gone(pids)
+    del it, _idx, pid
+    if keep_loader and persistent_workers:
+        assert all(alive(p) for p in pids)  # the loader keeps them
+        return
+    # A bound, not a timing: DataLoader joins its workers when the
+    # iterator goes; a garbage-collector pass may never come.
+    wait_gone(pids, timeout=PROMPT_EXIT_S)
 
 
 @PERSISTENT
@@ -946,11 +965,6 @@ def test_dataset_not_reset(DataLoader: Any) -> None:
         dataset.start = i + 1
 
 
-@pytest.mark.xfail(
-    FASTQ,
-    strict=False,
-    reason=INTERLEAVED,
-)
 @PERSISTENT
 def test_multi_epochs_reproducibility(
     DataLoader: Any, persistent_workers: bool
@@ -990,19 +1004,60 @@ def test_early_exit(tmp_path: Any) -> None:
         "    for _ in dl:\n"
         "        break\n"
     )
-    env = dict(
-        os.environ,
-        FASTQ_PORT_AGAINST=AGAINST,
-        PYTHONPATH=os.path.dirname(os.path.abspath(__file__)),
-    )
     proc = subprocess.run(
         [sys.executable, str(script)],
-        env=env,
+        env=script_env(),
         timeout=50,
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("iterable", [False, True], ids=["map", "iterable"])
+@PERSISTENT
+def test_proper_exit_worker_error(
+    tmp_path: Any, iterable: bool, persistent_workers: bool
+) -> None:
+    """test_dataloader.py: TestDataLoader.test_proper_exit (the worker_error
+    exit with the iterator still referenced: a worker raises after the
+    first batch, the error leaves the loop and ends the script with a
+    non-zero exit, and none of its workers is left. The worker's failure
+    is switched on by a file instead of a multiprocessing.Event)"""
+    pids, flag = tmp_path / "pids", tmp_path / "flag"
+    script = tmp_path / "proper_exit.py"
+    dataset = "ProperExitIterableDataset(7" if iterable else "ProperExitDataset(12"
+    script.write_text(
+        "import functools, os\n"
+        "from torch_helpers import dataloader_port_data as port\n"
+        "if os.environ['FASTQ_PORT_AGAINST'] == 'torch':\n"
+        "    from torch.utils.data import DataLoader\n"
+        "else:\n"
+        "    from fastq.torch import DataLoader\n"
+        "\n"
+        "if __name__ == '__main__':\n"
+        f"    loader = DataLoader(port.{dataset}, {str(flag)!r}), batch_size=1,\n"
+        "                        shuffle=False, num_workers=2,\n"
+        f"                        persistent_workers={persistent_workers},\n"
+        "                        worker_init_fn=functools.partial(\n"
+        f"                            port.record_pid, {str(pids)!r}))\n"
+        "    it = iter(loader)\n"
+        "    for i, _ in enumerate(it):\n"
+        "        if i == 0:\n"
+        f"            open({str(flag)!r}, 'w').close()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=script_env(),
+        timeout=50,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0, proc.stderr
+    assert "RuntimeError: Worker error" in proc.stderr
+    workers = {int(line) for line in pids.read_text().split()}
+    assert len(workers) == 2
+    wait_gone(workers, timeout=PROMPT_EXIT_S)
 
 
 def test_multiple_dataloaders(DataLoader: Any, td: Tensors) -> None:
@@ -1137,9 +1192,12 @@ def test_worker_init_fn(DataLoader: Any) -> None:
 @pytest.mark.parametrize("num_workers", [1, 2])
 def test_ind_worker_queue(DataLoader: Any, num_workers: int) -> None:
     """test_dataloader.py: TestIndividualWorkerQueue.test_ind_worker_queue
-    (without the round-robin assignment of batches to workers: batches in
-    order, each made by one worker whose bound-method worker_init_fn ran on
-    that worker's dataset copy)"""
+    (batches in order, each made by one worker whose bound-method
+    worker_init_fn ran on that worker's dataset copy; batch i by worker
+    i % num_workers against DataLoader only: fastq gives a map-style batch
+    to the first worker with a free slot, a row of the migration table. An
+    IterableDataset's batches do come in turn, as
+    test_multi_epochs_reproducibility checks)"""
     for batch_size in (8, 16):
         dataset = port.WorkerQueueDataset(list(range(128)))
         loader = DataLoader(
@@ -1154,6 +1212,8 @@ def test_ind_worker_queue(DataLoader: Any, num_workers: int) -> None:
         for i, (worker_ids, sample) in enumerate(loader):
             ids = set(worker_ids.tolist())
             assert len(ids) == 1 and ids <= set(range(num_workers))
+            if not FASTQ:
+                assert ids == {i % num_workers}
             want = list(range(i * batch_size, (i + 1) * batch_size))
             assert sample.tolist() == want
             n += 1
@@ -1180,18 +1240,18 @@ def test_iterable_style_dataset_single_process(DataLoader: Any) -> None:
     assert [t.tolist() for t in loader] == [list(range(7)), list(range(7, 14))]
 
 
-@migration(
-    "the default num_workers is usable CPUs - 1, not 0, so an IterableDataset "
-    "that does not shard itself is yielded by every worker",
-    condition=USABLE_CPUS > 1,
-)
 def test_iterable_style_dataset_default_num_workers(DataLoader: Any) -> None:
     """test_dataloader.py: TestDataLoader.test_iterable_style_dataset ([no
-    auto-batching] single process loading, which relies on the default
-    num_workers=0)"""
-    loader = DataLoader(port.CountingIterableDataset(20), batch_size=None)
-    assert loader.num_workers == 0
-    assert list(loader) == list(range(20))
+    auto-batching] single process loading, with num_workers left out: an
+    IterableDataset that does not shard itself is read once, ints stay ints;
+    fastq's default for it is one worker, DataLoader's is none)"""
+    dataset = port.CountingIterableDataset(20)
+    loader = DataLoader(dataset, batch_size=None)
+    assert loader.num_workers == (1 if FASTQ else 0)
+    fetched = list(loader)
+    assert fetched == list(range(20))
+    assert all(type(d) is int for d in fetched)
+    assert len(loader) == len(dataset)
 
 
 @pytest.mark.parametrize("prefetch_factor", [2, 4])
@@ -1424,6 +1484,23 @@ def test_invalid_ctor_args_combinations(DataLoader: Any, td: Tensors) -> None:
     ):
         with pytest.raises(ValueError, match=word):
             DataLoader(iterable, **kwargs)
+
+
+def test_typing(DataLoader: Any) -> None:
+    """test_dataloader.py: TestDataLoader.test_typing (the class takes a type
+    argument, so DataLoader[list[torch.Tensor]] is an annotation)"""
+
+    class SomeDatasetClass(torch.utils.data.Dataset[list[torch.Tensor]]):
+        pass
+
+    def create_dataloader(is_train: bool) -> DataLoader[list[torch.Tensor]]:
+        raise NotImplementedError
+
+    alias = DataLoader[list[torch.Tensor]]
+    assert typing.get_origin(alias) is DataLoader
+    assert typing.get_args(alias) == (list[torch.Tensor],)
+    hints = typing.get_type_hints(create_dataloader, localns={"DataLoader": DataLoader})
+    assert hints["return"] == alias
 
 
 def test_excessive_thread_creation_warning(DataLoader: Any, td: Tensors) -> None:

@@ -118,7 +118,13 @@ def test_lightning(lightning_runs: dict[str, list[dict[str, Any]]], route: str) 
 
 # ---------------------------------------------------------------- accelerate
 
-ACCELERATE = ["accelerate-prepare", "accelerate-sampler", "accelerate-prefetcher"]
+ACCELERATE = [
+    "accelerate-prepare",
+    "accelerate-sampler",
+    "accelerate-prefetcher",
+    "accelerate-iterable",
+    "accelerate-iterable-prepare",
+]
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc"])
@@ -163,6 +169,30 @@ def test_accelerate_keeps_fastq(
     DistributedSampler(num_replicas=num_processes, rank=process_index) and
     set_epoch, or a TorchPrefetcher, which shards itself."""
     check_epochs(accelerate_runs[route], FASTQ)
+
+
+@pytest.mark.timeout(240)
+def test_accelerate_and_an_iterable_datasets_loader(
+    accelerate_runs: dict[str, list[dict[str, Any]]],
+) -> None:
+    """fastq.torch.IterableDataset(...).loader() shards itself across the
+    processes. Kept out of prepare(), it trains on every sample once per
+    epoch across them. Given to prepare(model, opt, loader): with one
+    process accelerate wraps it and every sample still comes once; with
+    two, prepare() refuses it naming the fix (accelerate would shard it
+    again: process 0's share alone was trained on, split between the two)."""
+    check_epochs(accelerate_runs["accelerate-iterable"], FASTQ)
+    records = accelerate_runs["accelerate-iterable-prepare"]
+    if len(records) == 1:
+        check_epochs(records, FASTQ)
+        assert records[0]["refused"] is None
+        return
+    for r in records:
+        assert r["train"] == {}, "trained on a loader prepare() should refuse"
+        refused = r["refused"] or ""
+        assert "world_size=2" in refused, refused
+        assert "accelerator.prepare(model, optimizer)" in refused, refused
+        assert "device=accelerator.device" in refused, refused
 
 
 @pytest.mark.timeout(180)

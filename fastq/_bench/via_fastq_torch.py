@@ -22,8 +22,9 @@ def _epochs(loader: Any) -> Iterator[Any]:
 @contextmanager
 def samples(case: Case) -> Iterator[Feed]:
     """batch_size=rows: each worker collates samples into its slot."""
-    loader = DataLoader(
-        SampleDataset(case.producer()),
+    dataset: Any = SampleDataset(case.producer())  # a map-style duck, no Dataset
+    loader: DataLoader[Any] = DataLoader(
+        dataset,
         batch_size=case.shape.rows,
         num_workers=case.workers,
         persistent_workers=True,

@@ -20,8 +20,9 @@ import itertools
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.utils.data
@@ -38,6 +39,9 @@ __all__ = ["DataLoader", "DataLoaderTimeout"]
 
 _MAP_STYLE = 0  # torch's _DatasetKind.Map
 _STATE_FORMAT = "fastq.torch.DataLoader/1"
+# What a batch is, as torch's DataLoader is generic in it: the annotation
+# DataLoader[torch.Tensor] means the same for both.
+_T_co = TypeVar("_T_co", covariant=True)
 
 
 def _decode_rng(text: str) -> torch.Tensor:
@@ -50,13 +54,15 @@ class DataLoaderTimeout(FetchTimeout, RuntimeError):
     RuntimeError DataLoader raises."""
 
 
-class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
+class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """``torch.utils.data.DataLoader`` with fastq's workers: the same
     arguments, in the same order, with the same meaning, then fastq's own.
 
     Differences (the README's migration table gives each with its reason):
     ``num_workers`` defaults to the usable CPUs / ``LOCAL_WORLD_SIZE`` - 1
-    (0 runs in this process, as DataLoader's 0 does); torch's generator is
+    for a map-style dataset, and to one worker for an ``IterableDataset``,
+    which each worker would read whole unless it shards itself (0 runs in
+    this process, as DataLoader's 0 does); torch's generator is
     seeded per batch, from (base seed, epoch, batch), like ``random`` and
     ``numpy.random``, so a batch's randomness does not depend on the number
     of workers.
@@ -77,7 +83,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
     def __init__(
         self,
-        dataset: Any,
+        dataset: torch.utils.data.Dataset[_T_co],
         batch_size: int | None = 1,
         shuffle: bool | None = None,
         sampler: Any = None,
@@ -101,7 +107,12 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         worker_threads: int | None = 1,
     ) -> None:
         if num_workers is None:
-            num_workers = default_workers()
+            # An IterableDataset is read by every worker, whole unless it
+            # shards itself with get_worker_info() (few do: a generator
+            # over files or a stream): one worker reads it once per epoch,
+            # as DataLoader's default does, still off the loop's thread.
+            iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+            num_workers = 1 if iterable else default_workers()
         else:
             count = _as_int(num_workers)
             if count is None or count < 0:
@@ -130,7 +141,10 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         self._warned_pin = False
         self._resume: dict[str, Any] | None = None  # loaded, for the next iter()
         self._seed_from_state = False
-        self._live: _LoaderIterator | None = None  # the current epoch's loop
+        # The current epoch's loop, weakly: the loop refers to this loader,
+        # and a cycle would keep both (and the workers) alive after the
+        # loop is dropped, until a garbage-collector pass.
+        self._live: weakref.ref[_LoaderIterator] | None = None
         super().__init__(
             dataset,
             batch_size,
@@ -233,8 +247,8 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             if engine is None:
                 engine = self._start(None, epoch)
                 if engine is None:
-                    return _LoaderIterator(self, iter(()))
-            return _LoaderIterator(self, iter(engine))
+                    return self._register(_LoaderIterator(self, iter(())))
+            return self._register(_LoaderIterator(self, iter(engine)))
         rng = generator.get_state()  # as the sampler starts to draw
         skip = 0 if resume is None else int(resume["batches_done"])
         batches = iter(self._index_sampler)
@@ -255,8 +269,13 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
     def _loop(
         self, it: Iterator[Any], epoch: int, done: int, rng: torch.Tensor
     ) -> _LoaderIterator:
-        self._live = _LoaderIterator(self, it, epoch, done, self._seed, rng)
-        return self._live
+        return self._register(_LoaderIterator(self, it, epoch, done, self._seed, rng))
+
+    def _register(self, live: _LoaderIterator) -> _LoaderIterator:
+        """Makes ``live`` the current loop (the one state_dict() reads, and
+        the one whose drop stops transient workers)."""
+        self._live = weakref.ref(live)
+        return live
 
     # -------------------------------------------------------------- state
 
@@ -269,7 +288,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         bit-identical to a run that never stopped, with any
         ``num_workers > 0``."""
         self._check_stateful()
-        live = self._live
+        live = self._current_loop()
         if live is not None and live.in_epoch:
             epoch, done, seed, rng = live.epoch, live.done, live.seed, live.rng
         else:  # between epochs: the next starts as the uninterrupted run's
@@ -328,8 +347,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             raise ConfigError(
                 f"state['batches_done']={done!r}: expected 0 to {len(self)}"
             )
-        if self._live is not None:
-            self._live.superseded = True
+        live = self._current_loop()
+        if live is not None:
+            live.superseded = True
         self.close()  # workers restart with the state's seed
         self._seed = state.get("seed")
         self._seed_from_state = self._seed is not None
@@ -348,6 +368,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         if not self.persistent_workers:
             self._seed, self._seed_from_state = None, False
         self.set_epoch(state["epoch"] + 1)
+
+    def _current_loop(self) -> _LoaderIterator | None:
+        return None if self._live is None else self._live()
 
     def _check_stateful(self) -> None:
         if self._dataset_kind != _MAP_STYLE or self.num_workers == 0:
@@ -448,7 +471,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
                 engine.close()
 
 
-def _world_size(loader: DataLoader) -> int:
+def _world_size(loader: DataLoader[Any]) -> int:
     """The ranks a DistributedSampler (or any sampler with its
     ``num_replicas``) shards the dataset across; 1 without one."""
     replicas = getattr(loader.sampler, "num_replicas", 1)
@@ -463,6 +486,7 @@ class _LoaderIterator:
     the sampler generator's state as the epoch began."""
 
     __slots__ = (
+        "__weakref__",
         "_begun",
         "_handed",
         "_it",
@@ -477,7 +501,7 @@ class _LoaderIterator:
 
     def __init__(
         self,
-        loader: DataLoader,
+        loader: DataLoader[Any],
         it: Iterator[Any],
         epoch: int = 0,
         done: int = 0,
@@ -538,6 +562,20 @@ class _LoaderIterator:
             self._mark_begun()
         return batch
 
+    def __del__(self) -> None:
+        # DataLoader's iterator shuts its workers down when it is dropped,
+        # without persistent_workers: so does the current loop (an older
+        # one's workers are already gone, or belong to a newer loop). A
+        # weak reference to a dying object still answers in its __del__.
+        loader = self._loader
+        if (
+            self.in_epoch
+            and not loader.persistent_workers
+            and loader._current_loop() is self
+        ):
+            with contextlib.suppress(Exception):
+                loader.close()
+
     def _mark_begun(self) -> None:
         if not self._begun:
             self._begun = True
@@ -551,7 +589,7 @@ class _LoaderIterator:
             loader.close()
 
 
-def _samplers(loader: DataLoader) -> list[Any]:
+def _samplers(loader: DataLoader[Any]) -> list[Any]:
     found: list[Any] = []
     for s in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
         if s is not None and all(s is not f for f in found):
@@ -569,7 +607,7 @@ def _context(multiprocessing_context: Any) -> Any:
     return get_context(multiprocessing_context.get_start_method())
 
 
-def _pinner(loader: DataLoader) -> Any:
+def _pinner(loader: DataLoader[Any]) -> Any:
     if loader.pin_memory and torch.cuda.is_available():
         # DataLoader's pin_memory: each batch copied into page-locked memory
         # (the slot returns at once). TorchPrefetcher(pin_memory=True) pins
@@ -604,6 +642,10 @@ def _with_own_type(error: WorkerError) -> BaseException:
     note = f"{where}. Remote traceback:\n{error.remote_traceback}"
     if hasattr(original, "add_note"):
         original.add_note(note)
+        # Raised in its place, with `error` as its context: no cycle back,
+        # which would keep error's frames (and a batch's slot) until a
+        # garbage-collector pass.
+        error.__cause__ = None
         out = original
     else:
         try:  # before Python 3.11: the note goes into the message, as DataLoader's

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from .._prefetcher import _resolve_ranks
 from ..errors import ConfigError
 from ._prefetcher import TorchPrefetcher, _bind_prefetcher_args, _resolve_device
 
@@ -27,6 +28,26 @@ def _refuse_dataloader_worker() -> None:
 
 def _keep(batch: Any) -> Any:
     return batch
+
+
+class _AdapterLoader(torch.utils.data.DataLoader[Any]):
+    """What ``IterableDataset.loader()`` returns: torch's DataLoader, which
+    refuses to be sharded again by accelerate."""
+
+    # accelerate's Accelerator.prepare() reads this attribute of a DataLoader
+    # before it re-wraps it (its guard against wrapping one twice), so the
+    # read is where a second sharding can be refused, with the fix; any
+    # other reader gets what was set, False by default.
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        dataset = self.dataset
+        if isinstance(dataset, IterableDataset):
+            dataset._refuse_resharding()
+        return bool(self.__dict__.get("_accelerate_prepared", False))
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        self.__dict__["_accelerate_prepared"] = value
 
 
 class IterableDataset(torch.utils.data.IterableDataset[Any]):
@@ -52,8 +73,11 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
     ) -> None:
         pin_memory = kwargs.pop("pin_memory", None)
         device = kwargs.pop("device", None)
-        _bind_prefetcher_args((source, batch_size, *args), kwargs)
+        bound = _bind_prefetcher_args((source, batch_size, *args), kwargs)
         _resolve_device(device, pin_memory)
+        # As given: the prefetcher resolves them when it starts, in the
+        # process that uses it.
+        self._ranks = (bound.get("rank"), bound.get("world_size"))
         self._args = (source, batch_size, *args)
         self._kwargs = dict(kwargs, pin_memory=pin_memory, device=device)
         self._prefetcher: TorchPrefetcher | None = None
@@ -76,14 +100,38 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
 
     def loader(self, **kwargs: Any) -> torch.utils.data.DataLoader[Any]:
         """A DataLoader over this adapter that passes batches through as
-        they are (tuples stay tuples); keyword arguments go to DataLoader."""
+        they are (tuples stay tuples); keyword arguments go to DataLoader.
+
+        It shards itself across ranks: under accelerate with several
+        processes, ``accelerator.prepare()`` refuses it (a ConfigError
+        naming the fix: prepare only the model and optimizer)."""
         opts: dict[str, Any] = {
             "batch_size": None,
             "num_workers": 0,
             "collate_fn": _keep,
         }
         opts.update(kwargs)
-        return torch.utils.data.DataLoader(self, **opts)
+        return _AdapterLoader(self, **opts)
+
+    def _refuse_resharding(self) -> None:
+        """ConfigError, naming the fix, if this adapter shards itself
+        across ranks (accelerate would shard its loader again)."""
+        if self._prefetcher is not None:
+            world = self._prefetcher.world_size
+        else:
+            world = _resolve_ranks(*self._ranks)[1]
+        if world <= 1:
+            return
+        raise ConfigError(
+            f"accelerator.prepare() was given fastq.torch.IterableDataset"
+            f"(...).loader(), which shards itself across the world_size={world} "
+            "processes already (each one's workers make its share of every "
+            "epoch); accelerate would shard it again and train on 1/"
+            f"{world} of each epoch. Prepare only the model and optimizer "
+            "(model, optimizer = accelerator.prepare(model, optimizer)) and "
+            "iterate the loader as it is; pass device=accelerator.device to "
+            "fastq.torch.IterableDataset for batches on the GPU"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The prefetcher's ``state_dict()`` (map-style sources), for a

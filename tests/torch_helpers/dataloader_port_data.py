@@ -491,3 +491,56 @@ class RandomIterableDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         for _ in range(self.length):
             yield torch.randn(self.size)
+
+
+# ---------------------------------------------------------- proper exit
+
+
+class ProperExitDataset(Dataset[Any]):
+    """Sample i is tensor([i]) until the file `flag` exists; then every
+    sample raises RuntimeError("Worker error")."""
+
+    def __init__(self, size: int, flag: str) -> None:
+        self.size = size
+        self.flag = flag
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> Any:
+        if os.path.exists(self.flag):
+            raise RuntimeError("Worker error")
+        return torch.tensor([i])
+
+
+class ProperExitIterableDataset(IterableDataset[Any]):
+    """Each copy yields tensor(-1000) `size` times; once the file `flag`
+    exists, the last worker's copy raises RuntimeError("Worker error")."""
+
+    def __init__(self, size: int, flag: str) -> None:
+        self.size = size
+        self.flag = flag
+        self.remaining = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        info = get_worker_info()
+        last = info is not None and info.id == info.num_workers - 1
+        if last and os.path.exists(self.flag):
+            raise RuntimeError("Worker error")
+        self.remaining -= 1
+        if self.remaining < 0:
+            raise StopIteration
+        return torch.tensor(-1000)
+
+
+def record_pid(path: str, worker_id: int) -> None:
+    """worker_init_fn (with functools.partial): appends this worker's pid
+    to the file `path`."""
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")

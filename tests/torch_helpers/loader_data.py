@@ -220,3 +220,41 @@ class MarksFirst(torch.utils.data.Dataset):  # type: ignore[type-arg]
                 f.write(str(os.getpid()))
             os.replace(self.path + ".tmp", self.path)
         return torch.tensor(i)
+
+
+class Turns(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Worker w's stream: (w, k) for k < counts[w], except that item (w, k)
+    in `bad` raises ValueError("bad w k") and the stream goes on; worker
+    `slow` sleeps `delay` seconds before each item (so, without turns, the
+    others' items would come first)."""
+
+    def __init__(
+        self,
+        counts: list[int],
+        bad: tuple[tuple[int, int], ...] = (),
+        slow: int = -1,
+        delay: float = 0.0,
+    ) -> None:
+        self.counts = counts
+        self.bad = set(bad)
+        self.slow = slow
+        self.delay = delay
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        self.worker = 0 if info is None else info.id
+        self.k = 0
+        return self
+
+    def __next__(self) -> tuple[int, int]:
+        w, k = self.worker, self.k
+        if k >= self.counts[w]:
+            raise StopIteration
+        self.k += 1
+        if w == self.slow:
+            import time
+
+            time.sleep(self.delay)
+        if (w, k) in self.bad:
+            raise ValueError(f"bad {w} {k}")
+        return w, k

@@ -11,8 +11,13 @@ passed to ``fit``), both with ``--devices 2`` for DDP on CPU (Lightning's
 launcher re-runs this script for rank 1); ``accelerate-prepare`` (the loader
 goes through ``accelerator.prepare``), ``accelerate-sampler`` (only the model
 and optimizer do; the loader gets a DistributedSampler), and
-``accelerate-prefetcher`` (a TorchPrefetcher, which shards itself). The
-accelerate routes run under torchrun for two processes (``accelerate launch
+``accelerate-prefetcher`` (a TorchPrefetcher, which shards itself),
+``accelerate-iterable`` (``fastq.torch.IterableDataset(...).loader()``,
+which shards itself too, kept out of ``prepare``) and
+``accelerate-iterable-prepare`` (that loader given to ``prepare``, which
+wraps it with one process and refuses it with several: the refusal is
+recorded). The accelerate routes run under torchrun for two processes
+(``accelerate launch
 --cpu --num_processes 2`` starts one). Several routes run one after another
 in the same processes. ``--loader torch`` swaps in torch's DataLoader.
 
@@ -92,6 +97,7 @@ class Record:
         self.fit_start: float | None = None
         self.loader_types: set[str] = set()
         self.times: list[float] = []  # each training batch, from the start
+        self.refused: str | None = None  # the error a route was refused with
 
     def start(self) -> None:
         self.fit_start = time.perf_counter()
@@ -119,6 +125,7 @@ class Record:
             "val": self.val,
             "producers": sorted(self.producers),
             "loader_types": sorted(self.loader_types),
+            "refused": self.refused,
             "first_batch_s": self.first_batch_s,
             "batch_times_s": self.times,
             "cpu_s": round(time.process_time(), 2),
@@ -244,6 +251,20 @@ def run_accelerate(route: str, args: argparse.Namespace, accelerator: Any) -> No
 
         loader = TorchPrefetcher(Labeled(N), batch_size=BATCH, shuffle=True, workers=2)
         net, opt = accelerator.prepare(net, opt)
+    elif route in ("accelerate-iterable", "accelerate-iterable-prepare"):
+        from fastq.torch import IterableDataset
+
+        adapter = IterableDataset(Labeled(N), batch_size=BATCH, shuffle=True, workers=2)
+        loader = adapter.loader()
+        if route == "accelerate-iterable":
+            net, opt = accelerator.prepare(net, opt)
+        else:
+            try:
+                net, opt, loader = accelerator.prepare(net, opt, loader)
+            except fastq.ConfigError as exc:
+                record.refused = str(exc)
+                record.write(args.out_dir, route, rank, world)
+                return
     else:
         raise SystemExit(f"unknown route {route!r}")
     # What iterates: accelerate's DataLoaderShard wraps a new loader in
