@@ -51,7 +51,7 @@ class _WorkerPickler(cloudpickle.Pickler):  # type: ignore[misc]
         super().__init__(file, protocol)
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, synchronize.SemLock) and obj._semlock.name is None:
+        if isinstance(obj, synchronize.SemLock) and _unlinked(obj):
             # Made with the fork context: its semaphore was unlinked at
             # once, so nothing but a fork can share it (CPython 3.11+ says
             # so; before, the worker would get a dangling handle).
@@ -62,6 +62,11 @@ class _WorkerPickler(cloudpickle.Pickler):  # type: ignore[misc]
         if reduced is NotImplemented:
             return super().reducer_override(obj)
         return reduced
+
+
+def _unlinked(lock: Any) -> bool:
+    """A SemLock's semaphore has no name left to reopen it by."""
+    return getattr(lock._semlock, "name", None) is None
 
 
 class _DescriptorRecorder:
