@@ -137,11 +137,11 @@ def context() -> Any:
 
 
 def start_early() -> None:
-    """Forks the zygote now, while this process has one thread, and lets it
-    import the main module alongside the script; the first workers wait
-    for it. Called as ``fastq.torch`` is imported: by the time a loader
-    starts its workers, torch.distributed, accelerate or a trainer has
-    usually started threads, and no zygote can be forked then."""
+    """Forks the zygote now, while this process has one thread and no
+    CUDA; the first workers that need it wait until it is ready. Called as
+    ``fastq.torch`` is imported: by the time a loader starts its workers
+    after CUDA, torch.distributed, accelerate or a trainer has usually
+    started threads, and no zygote can be forked then."""
     if (
         _state.server is None
         and _state.pending is None
@@ -318,14 +318,10 @@ def _zygote_main(
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _forget_parent_servers()
         _forget_unfinished_imports()
-        imported = _import_main()
-        _reset_signal_handlers()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(AttributeError, ValueError, OSError):
-                stream.flush()  # what the main module printed, printed once
+        _forget_script_main()
         # Otherwise exit without a word: the parent reads EOF and falls
         # back to the normal fork server.
-        if imported and threading.active_count() == 1 and _os_threads() == 1:
+        if threading.active_count() == 1 and _os_threads() == 1:
             os.write(ready_w, b"1")
             os.close(ready_w)
             kwargs = {"authkey_r": authkey_r} if authkey_r >= 0 else {}
@@ -439,27 +435,22 @@ def _forget_parent_servers() -> None:
 def _forget_unfinished_imports() -> None:
     """A zygote forked early (from inside ``import fastq.torch``, itself
     perhaps inside the import of a module of the script's) inherits those
-    modules half-executed, and their code never finishes here: they are
-    imported afresh with the main module."""
+    modules half-executed, and their code never finishes here: a worker
+    that needs one imports it afresh."""
     for name, module in list(sys.modules.items()):
         if getattr(getattr(module, "__spec__", None), "_initializing", False):
             del sys.modules[name]
 
 
-def _import_main() -> bool:
-    """Imports the script as a spawn or forkserver worker does (as
-    __mp_main__, so its `if __name__ == "__main__":` part does not run),
-    once here instead of once per worker; its imports are already here.
-    Without a file or module behind __main__ (`python -c`, a notebook),
-    workers get an empty one, as under forkserver."""
-    data = spawn.get_preparation_data("fastq-zygote")
-    main = {
-        k: v
-        for k, v in data.items()
-        if k in ("init_main_from_name", "init_main_from_path")
-    }
-    # No start method chosen yet, as in a new interpreter: a script may set
-    # one as it is imported.
+def _forget_script_main() -> None:
+    """The zygote and its workers never run the script's code: what a
+    worker needs of the script's __main__ (a dataset class, a lambda)
+    reaches it by value (fastq/_handoff.py), so the zygote holds an empty
+    __main__ and its workers are started without the script's path
+    (_SpawnWithoutMain). A script without a `__name__ == "__main__"`
+    guard, as DataLoader's fork lets it be, is not run a second time in
+    the background."""
+    # No start method chosen yet, as in a new interpreter.
     default: Any = mp_context._default_context
     if hasattr(default, "_actual_context"):
         default._actual_context = None
@@ -467,20 +458,6 @@ def _import_main() -> bool:
     # what its globals hold, here.
     _state.script_main = sys.modules["__main__"]
     sys.modules["__main__"] = types.ModuleType("__main__")
-    if not main:
-        return True
-    # Workers start with stdin on /dev/null; the script, imported here,
-    # must not read the terminal either.
-    getattr(util, "_close_stdin", lambda: None)()
-    current: Any = process.current_process()
-    current._inheriting = True  # starting a process from there raises
-    try:
-        spawn.prepare(main)
-    except BaseException:  # SystemExit too: fall back; workers show the error
-        return False
-    finally:
-        del current._inheriting
-    return True
 
 
 # ------------------------------------------------------------ the context
@@ -502,15 +479,32 @@ class _ViaZygote:
         return result
 
 
+class _SpawnWithoutMain:
+    """What that launch calls `spawn`: that module, except that the
+    preparation data names no main module for the worker to run (the
+    zygote's workers never run the script: _forget_script_main)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(spawn, name)
+
+    @staticmethod
+    def get_preparation_data(name: str) -> dict[str, Any]:
+        data: dict[str, Any] = spawn.get_preparation_data(name)
+        data.pop("init_main_from_name", None)
+        data.pop("init_main_from_path", None)
+        return data
+
+
 def _launch_via_zygote() -> Any:
     """multiprocessing's own forkserver launch (preparation data, pickling,
     descriptor passing, pid and exit code over the status pipe), unchanged
-    but for the server it asks."""
+    but for the server it asks and the main module it names (none)."""
     if popen_forkserver is None:
         return None
     launch: Any = getattr(popen_forkserver.Popen, "_launch")  # noqa: B009
     scope = dict(vars(popen_forkserver))
     scope["forkserver"] = _ViaZygote()
+    scope["spawn"] = _SpawnWithoutMain()
     return types.FunctionType(
         launch.__code__, scope, launch.__name__, launch.__defaults__, launch.__closure__
     )

@@ -279,27 +279,33 @@ def test_script_that_sets_a_start_method_as_it_is_imported(project: Path) -> Non
     ["", pytest.param("    import fastq.torch\n", marks=needs_torch)],
     ids=["at-first-workers", "at-import"],
 )
-def test_script_that_fails_as_it_is_imported_falls_back(
-    project: Path, prelude: str
-) -> None:
-    """A main module that cannot be imported as __mp_main__: no zygote (the
-    one forked at `import fastq.torch` is found out when workers first
-    start); the normal fork server's workers fail as they did before it."""
+def test_zygote_never_runs_the_script(project: Path, prelude: str) -> None:
+    """Neither the zygote nor its workers run the script's code (what they
+    need of its __main__ travels by value): a script that cannot be run as
+    __mp_main__ gets its batches, and an unguarded one's top-level code
+    runs once, as under DataLoader's fork."""
     body = (
         prelude
         + """
+    with open(os.environ["IMPORTS"] + ".runs", "a") as f:
+        f.write(f"{os.getpid()}\\n")
     if __name__ != "__main__":
         raise RuntimeError("only as a script")
 
-    try:
-        take()
-    except fastq.WorkerDied as e:
-        say(died=str(e), server=zygote.server_pid())
+    class Local(WhereAmI):
+        pass
+
+    with fastq.Prefetcher(Local(), batch_size=4, workers=2) as pf:
+        rows = sorted(int(r) for b in pf for r in b[0])
+        parents = sorted({int(p) for b in pf for p in b[1]})
+    say(rows=rows, parents=parents, server=zygote.server_pid(), me=os.getpid())
     """
     )
     (out,) = run_script(project, body)
-    assert out["server"] is None
-    assert "worker" in out["died"]
+    assert out["rows"] == list(range(16))
+    assert out["server"] is not None and out["parents"] == [out["server"]]
+    runs = (project / "imports.txt.runs").read_text().split()
+    assert runs == [str(out["me"])]
 
 
 KEEP_RUNNING = """
