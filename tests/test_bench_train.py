@@ -21,7 +21,7 @@ pytest.importorskip(
 )
 
 from fastq._bench import runner, train, train_data
-from fastq._bench.train_loop import LOADERS, Config, _every_index
+from fastq._bench.train_loop import LOADERS, Config, Run, _every_index
 
 pytestmark = pytest.mark.torch
 
@@ -70,6 +70,10 @@ def test_cpu_form_feeds_every_image_to_the_loop(
     for loader in LOADERS:
         name = train.label(Config(**{**results[0]["config"], "loader": loader}))
         assert any(line.startswith(name + " ") for line in rows), name
+    runs = [
+        Run.from_json({k: v for k, v in r.items() if k != "section"}) for r in results
+    ]
+    assert "images/s, each run" in train.table(runs * 2, repeats=2)
 
 
 def test_options_that_cannot_be_are_refused_before_anything_runs(

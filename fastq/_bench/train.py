@@ -47,7 +47,7 @@ class Defaults:
 # decoding: an input-bound loop) and ResNet-50 (a GPU-bound one). The CPU
 # short form: small models and images, well under a minute on 2 cores.
 GPU = Defaults(("resnet18", "resnet50"), 128, 100, 10, 224, True)
-CPU = Defaults(("tiny", "cnn"), 32, 30, 5, 64, False)
+CPU = Defaults(("tiny", "cnn"), 32, 100, 5, 64, False)
 
 
 INTRO = (
@@ -363,40 +363,51 @@ COLUMNS = (
 )
 
 
-def medians(runs: Sequence[Run]) -> list[Run]:
-    """Per (model, workers, loader), the run of median images/s (a failed
-    one where none succeeded), in plan order."""
+def _by_loader(runs: Sequence[Run]) -> dict[tuple[str, int, str], list[Run]]:
     groups: dict[tuple[str, int, str], list[Run]] = {}
     for r in runs:
         c = r.config
         groups.setdefault((c.model, c.workers, c.loader), []).append(r)
-    out = []
-    for rs in groups.values():
-        ok = sorted((r for r in rs if not r.error), key=lambda r: r.images_per_s)
-        out.append(ok[len(ok) // 2] if ok else rs[0])
-    return out
+    return groups
+
+
+def _median(rs: Sequence[Run]) -> Run:
+    """The run of median images/s (a failed one where none succeeded)."""
+    ok = sorted((r for r in rs if not r.error), key=lambda r: r.images_per_s)
+    return ok[len(ok) // 2] if ok else rs[0]
+
+
+def medians(runs: Sequence[Run]) -> list[Run]:
+    """Per (model, workers, loader), the run of median images/s, in plan
+    order."""
+    return [_median(rs) for rs in _by_loader(runs).values()]
 
 
 def table(runs: Sequence[Run], repeats: int = 1) -> str:
     """One table per (model, workers), ratios to DataLoader and to the
-    ceiling; each loader's run is the median of its repeats."""
-    chosen = medians(runs)
+    ceiling; each loader's run is the median of its repeats, whose images/s
+    the last column lists."""
+    every = _by_loader(runs)
     groups: dict[tuple[str, int], list[Run]] = {}
-    for r in chosen:
+    for rs in every.values():
+        r = _median(rs)
         groups.setdefault((r.config.model, r.config.workers), []).append(r)
+    columns = list(COLUMNS)
+    if repeats > 1:
+        columns.append(("images/s, each run", 18))
     blocks = []
     for rs in groups.values():
         rs.sort(key=lambda r: LOADERS.index(r.config.loader))
         by = {r.config.loader: r for r in rs if not r.error}
         base, ceiling = by.get("DataLoader"), by.get("ceiling")
         head = "  ".join(
-            h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(COLUMNS)
+            h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(columns)
         )
         lines = [heading(rs[0].config, repeats), head, "-" * len(head)]
         for r in rs:
             name = label(r.config)
             if r.error:
-                lines.append(f"{name:{COLUMNS[0][1]}}  {r.error}")
+                lines.append(f"{name:{columns[0][1]}}  {r.error}")
                 continue
             cells = [
                 name,
@@ -410,10 +421,19 @@ def table(runs: Sequence[Run], repeats: int = 1) -> str:
                 f"{r.peak_pss / 1e6:.0f}",
                 _ratio(r.peak_pss, base.peak_pss if base else None),
             ]
+            if repeats > 1:
+                c = r.config
+                cells.append(
+                    " ".join(
+                        f"{x.images_per_s:.0f}"
+                        for x in every[(c.model, c.workers, c.loader)]
+                        if not x.error
+                    )
+                )
             lines.append(
                 "  ".join(
                     c.rjust(w) if i else c.ljust(w)
-                    for i, (c, (_, w)) in enumerate(zip(cells, COLUMNS))
+                    for i, (c, (_, w)) in enumerate(zip(cells, columns))
                 )
             )
         blocks.append("\n".join(lines))
