@@ -28,6 +28,8 @@ from .train_loop import PSS_INTERVAL_S
 from .train_loop import Config as Config
 from .train_loop import Run as Run
 
+# One run's limit, far above any run's need (the slowest: ResNet-50 on a
+# small GPU, cuDNN's autotuning included), so that a hung run still ends.
 _TIMEOUT_S = 1800.0
 
 
@@ -220,7 +222,7 @@ def plan(
     pin = d.pin_memory if pin_memory is None else pin_memory
     if pin and device != "cuda":
         raise ValueError("--pin-memory: page-locked batches need --device cuda")
-    models = list(models or d.models)
+    models = list(dict.fromkeys(models or d.models))
     for m in models:
         if m not in MODELS:
             raise ValueError(f"--model {m}: choose from {', '.join(MODELS)}")
@@ -228,16 +230,15 @@ def plan(
         problem = torchvision_problem()
         if problem is not None:
             raise ValueError(problem)
-    loaders = list(loaders or LOADERS)
-    for name in loaders:
+    for name in loaders or ():
         if name not in LOADERS:
             raise ValueError(f"--loader {name}: choose from {', '.join(LOADERS)}")
-    loaders.sort(key=LOADERS.index)
+    loaders = sorted(set(loaders or LOADERS), key=LOADERS.index)
     batch = d.batch_size if batch_size is None else batch_size
     warm = d.warmup if warmup is None else warmup
     measured = d.steps if steps is None else steps
     side = d.image_size if image_size is None else image_size
-    counts = list(workers or [default_workers()])
+    counts = list(dict.fromkeys(workers or [default_workers()]))
     numbers = {
         "--batch-size": batch,
         "--steps": measured,

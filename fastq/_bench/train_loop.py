@@ -61,6 +61,7 @@ class Run:
 
 
 def measure(cfg: Config) -> Run:
+    """Runs cfg's loader under the step in this process and measures it."""
     import torch
 
     from .train_data import Images, file_paths
