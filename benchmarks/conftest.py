@@ -10,7 +10,7 @@ Choose what runs with --bench-shapes, --bench-transports, --bench-workers,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,8 @@ from fastq._bench.transports import AUTO, TRANSPORTS, Case
 from fastq._bench.workloads import SHAPES
 
 _RESULTS = pytest.StashKey[list[tuple[str, Result]]]()
+# Tables of benchmarks measured otherwise (title, a function that renders it).
+_TABLES = pytest.StashKey[dict[str, Callable[[], str]]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,6 +58,7 @@ def _csv(config: pytest.Config, name: str) -> list[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_RESULTS] = []
+    config.stash[_TABLES] = {}
 
 
 def _wants(metafunc: pytest.Metafunc, name: str) -> bool:
@@ -179,11 +182,27 @@ def meter_factory() -> Iterator[Any]:
         cm.__exit__(None, None, None)
 
 
+@pytest.fixture
+def summary_table(request: pytest.FixtureRequest) -> Any:
+    """summary_table(title, render): render() is printed under `title` in
+    the summary at the end (once per title, however many tests add it)."""
+
+    def add(title: str, render: Callable[[], str]) -> None:
+        request.config.stash[_TABLES][title] = render
+
+    return add
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    tr = terminalreporter
+    for title, render in config.stash.get(_TABLES, {}).items():
+        tr.section(title)
+        tr.write_line(f"machine: {report.machine()}")
+        for line in render().splitlines():
+            tr.write_line(line)
     collected = config.stash.get(_RESULTS, [])
     if not collected:
         return
-    tr = terminalreporter
     tr.section("fastq side by side")
     tr.write_line(f"machine: {report.machine()}")
     groups: dict[tuple[str, str, int], list[Result]] = {}

@@ -8,8 +8,9 @@ USAGE = """usage: python -m fastq bench [options]
 
   Throughput of fastq next to a pickled multiprocessing.Queue, PyTorch's
   DataLoader, faster-fifo, SPDL, torchdata's ParallelMapper and a plain
-  memcpy of the same bytes, as a table with ratios; `python -m fastq bench
-  --help` lists the options."""
+  memcpy of the same bytes, as a table with ratios; a training loop fed by
+  each loader (--case train); `python -m fastq bench --help` lists the
+  options."""
 
 
 def main(argv: list[str]) -> int:

@@ -1,5 +1,6 @@
 """Per-process counters from /proc and getrusage, and syscall counts from
-`perf stat` where it is installed: what each side of a transport pays."""
+`perf stat` where it is installed: what each side of a transport pays; the
+peak memory of a process tree, sampled while it runs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 
@@ -116,6 +118,40 @@ def pss_bytes(pid: int) -> int:
 def total_pss(pid: int) -> int:
     """PSS of `pid` and every descendant."""
     return pss_bytes(pid) + sum(pss_bytes(p) for p in children_of(pid))
+
+
+class PeakPss:
+    """Samples total_pss(pid) every `interval` seconds on a thread of its
+    own, from start() to stop(), which returns the largest sample; sample()
+    adds one at a moment the caller chooses."""
+
+    def __init__(self, pid: int, interval: float) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak = 0
+        self._lock = threading.Lock()  # the sampler's and the caller's samples
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="fastq-bench-pss", daemon=True
+        )
+
+    def sample(self) -> None:
+        value = total_pss(self.pid)
+        with self._lock:
+            self.peak = max(self.peak, value)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return self.peak
 
 
 def _cpu_times() -> tuple[int, int]:

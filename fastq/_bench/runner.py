@@ -1,6 +1,7 @@
 """`python -m fastq bench`: choose transports, shapes, workers, slots and a
-time budget; run every case (each in a fresh interpreter by default); print
-a progress line per case and tables with ratios; optionally JSON and a plot."""
+time budget, or a training loop's model and sizes; run every case (each in
+a fresh interpreter by default); print a progress line per case and tables
+with ratios; optionally JSON and a plot."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from . import cases, procstat, report, torch_startup
+from . import cases, procstat, report, torch_startup, train
 from .isolated import run_isolated
 from .measure import Budget, Options, Result, run
 from .transports import AUTO, FASTQ, PEERS, TRANSPORTS, Case
@@ -29,7 +30,10 @@ SECTIONS = (
     "compute",
     "decode",
     "torch-startup",
+    "train",
 )
+# Cases that run on the time budget (--seconds, --warmup, --blocks).
+_BUDGETED = SECTIONS[:-2]
 GROUPS = {
     "all": tuple(TRANSPORTS),
     "fastq-all": FASTQ,
@@ -119,7 +123,11 @@ def _parser() -> argparse.ArgumentParser:
         "(zlib, which lets go of the GIL: where thread workers pay); "
         "torch-startup = first batch and worker memory with torch imported, "
         "per start method and beside DataLoader (workers 1 and 2 unless "
-        "--workers; 5 runs unless --repeat; about 3 minutes)",
+        "--workers; 5 runs unless --repeat; about 3 minutes); train = a "
+        "training loop (JPEG decoding and augmentation in the workers, an SGD "
+        "step) fed by torch's DataLoader, fastq.torch.DataLoader and "
+        "TorchPrefetcher, beside the step on one batch reused (see the train "
+        "options; on the CPU well under a minute)",
     )
     p.add_argument(
         "--all",
@@ -152,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
         "interpreter each (faster; memory and start-up figures then "
         "include whatever earlier cases imported)",
     )
+    train.add_options(p)
     p.add_argument("--json", metavar="FILE", help="write every result as JSON")
     p.add_argument(
         "--plot",
@@ -437,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         plan.append(("torch-startup", torch_runs))
         counts.append(len(torch_workers) * len(torch_startup.CONFIGS) * torch_repeats)
 
+    if "train" in sections:
+        add_train(args, plan, counts, text)
+
     command = "python -m fastq bench" + "".join(
         " " + shlex.quote(a) for a in (sys.argv[2:] if argv is None else argv)
     )
@@ -452,12 +464,13 @@ def main(argv: list[str] | None = None) -> int:
                 else ""
             )
         )
-    print(
-        f"{budget.seconds:g} s per case after {budget.warmup_s:g} s warm-up, "
-        f"median of {budget.blocks} blocks; "
-        f"{'in this process' if args.in_process else 'each case in a fresh process'}\n",
-        flush=True,
-    )
+    if any(s in _BUDGETED for s in sections):
+        where = "in this process" if args.in_process else "each case in a fresh process"
+        print(
+            f"{budget.seconds:g} s per case after {budget.warmup_s:g} s warm-up, "
+            f"median of {budget.blocks} blocks; {where}"
+        )
+    print(flush=True)
     session = _Session(args, budget, sum(counts))
     t0 = time.perf_counter()
     for _, go in plan:
@@ -466,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(text))
     for note in sorted(session.skipped):
         print(f"note: {note}")
-    print(report.legend())
+    if any(s in _BUDGETED for s in sections):
+        print(report.legend())
     print(f"\n{time.perf_counter() - t0:.0f} s; load average after: {_load()}")
     if args.json:
         report.write_json(
@@ -483,3 +497,55 @@ def main(argv: list[str] | None = None) -> int:
         why = report.plot(results["throughput"], args.plot)
         print(why or f"wrote {args.plot}")
     return 0
+
+
+def add_train(
+    args: argparse.Namespace,
+    plan: list[tuple[str, Callable[[_Session], None]]],
+    counts: list[int],
+    text: list[str],
+) -> None:
+    """Plans `--case train`: refuses options that cannot be before anything
+    runs; skips it, saying why, where a package it needs is missing."""
+    why = train.missing()
+    if why is not None:
+        plan.append(("train", lambda session: session.skipped.add(why)))
+        counts.append(0)
+        return
+    try:
+        configs = train.plan_from(args)
+    except ValueError as exc:
+        raise SystemExit(f"python -m fastq bench --case train: {exc}") from None
+    repeats = max(1, int(args.repeat))
+
+    def train_runs(session: _Session) -> None:
+        from .train_data import make_files
+
+        first = configs[0]
+        print(
+            f"train: {first.images} JPEG files for {first.image_size}-pixel "
+            f"crops in {first.data}",
+            file=sys.stderr,
+            flush=True,
+        )
+        make_files(first.data, first.images, first.image_size)
+
+        def progress(r: train.Run) -> None:
+            session.done += 1
+            print(
+                f"[{session.done:3}/{session.total}] train {train.describe(r)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            session.records.append({"section": "train", **asdict(r)})
+
+        def quiet() -> None:
+            if session.quiet > 0:
+                procstat.wait_for_quiet(session.quiet)
+
+        runs = train.run_all(configs, repeats, progress, quiet)
+        text.append(f"{train.software(first.device)}. {train.INTRO}\n")
+        text.append(train.table(runs, repeats) + "\n")
+
+    plan.append(("train", train_runs))
+    counts.append(len(configs) * repeats)

@@ -1,0 +1,229 @@
+"""One loader feeding the training benchmark's step, measured in a fresh
+interpreter (`python -m fastq._bench.train_loop JOB`, the JOB a Config as
+JSON; the Run comes back as JSON on the last line of standard output), so
+that no loader's workers, CUDA state or heap reach another's run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Generator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import procstat
+
+# The loaders, in the tables' order; "ceiling" is one batch held on the
+# device and trained on again at every step: no loader can do better.
+LOADERS = ("DataLoader", "fastq.torch.DataLoader", "TorchPrefetcher", "ceiling")
+# Seconds between samples of the process tree's PSS: each sample walks
+# /proc, and reading a process's smaps holds its memory map's lock.
+PSS_INTERVAL_S = 0.5
+
+
+@dataclass
+class Config:
+    loader: str
+    model: str
+    device: str  # "cpu" or "cuda"
+    batch_size: int
+    workers: int
+    steps: int  # measured, after the warm-up steps
+    warmup: int  # at least 1: the first batch's step is never measured
+    images: int  # files in the dataset (an epoch: images // batch_size steps)
+    image_size: int  # the crop's side
+    pin_memory: bool
+    data: str  # the folder of the files (made beforehand)
+    threads: int  # torch's intra-op threads for the step (CPU runs)
+
+
+@dataclass
+class Run:
+    config: Config
+    images_per_s: float = 0.0
+    wait_share: float = 0.0  # of the measured steps' wall time, inside next()
+    loop_cpu_ms: float = 0.0  # the loop thread's CPU time per measured step
+    first_batch_s: float | None = None  # construction to first batch in hand
+    peak_pss: int = 0  # bytes, this process and every process under it
+    # What the loop was handed, checked at every step (warm-up included).
+    images: int = 0  # images in batches of the expected shape and dtypes
+    bad_batches: int = 0
+    batch_shape: list[int] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)  # images, labels, indices
+    complete: bool | None = None  # each epoch's indices distinct, in range
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Run:
+        return cls(**{**data, "config": Config(**data["config"])})
+
+
+def measure(cfg: Config) -> Run:
+    """Runs cfg's loader under the step in this process and measures it."""
+    import torch
+
+    from .train_data import Images, file_paths
+    from .train_model import classes, make_step
+
+    if cfg.warmup < 1:
+        raise ValueError(f"warmup={cfg.warmup}: at least 1 (the first batch's step)")
+    device = torch.device(cfg.device)
+    if device.type == "cpu":
+        torch.set_num_threads(cfg.threads)
+    else:
+        torch.backends.cudnn.benchmark = True
+    step = make_step(cfg.model, device)
+    dataset = Images(
+        file_paths(cfg.data, cfg.images, cfg.image_size),
+        cfg.image_size,
+        classes(cfg.model),
+    )
+    run = Run(cfg)
+    pss = procstat.PeakPss(os.getpid(), PSS_INTERVAL_S)
+    pss.start()
+    t0 = time.perf_counter()
+    loader, batches = _open(cfg, dataset, device)
+    first = next(batches)
+    if cfg.loader != "ceiling":
+        run.first_batch_s = time.perf_counter() - t0
+    sync: Callable[[], None] = (
+        torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    )
+    expected = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
+    seen: list[Any] = []
+    waited = cpu = 0.0
+    start = time.perf_counter()
+    for i in range(cfg.warmup + cfg.steps):
+        if i == cfg.warmup:
+            sync()
+            pss.sample()
+            waited = cpu = 0.0
+            start = time.perf_counter()
+        c0 = time.thread_time()
+        w0 = time.perf_counter()
+        batch = first if i == 0 else next(batches)
+        w1 = time.perf_counter()
+        images, labels, index = batch
+        if i == 0:
+            run.batch_shape = list(images.shape)
+            run.dtypes = [str(t.dtype) for t in (images, labels, index)]
+        if (
+            tuple(images.shape) == expected
+            and images.dtype == torch.uint8
+            and labels.dtype == index.dtype == torch.int64
+        ):
+            run.images += images.shape[0]
+        else:
+            run.bad_batches += 1
+        seen.append(index.clone())  # a copy: a view would hold its slot
+        step(images, labels)
+        del batch, images, labels, index
+        if i == 0:
+            first = None
+        c1 = time.thread_time()
+        if i >= cfg.warmup:
+            waited += w1 - w0
+            cpu += c1 - c0
+    sync()
+    elapsed = time.perf_counter() - start
+    run.peak_pss = pss.stop()
+    batches.close()
+    _close(loader)
+    run.images_per_s = cfg.steps * cfg.batch_size / elapsed
+    run.wait_share = waited / elapsed
+    run.loop_cpu_ms = cpu / cfg.steps * 1e3
+    if cfg.loader != "ceiling":
+        run.complete = _every_index(torch.cat(seen).cpu().tolist(), cfg)
+    return run
+
+
+def _every_index(indices: list[int], cfg: Config) -> bool:
+    """Each epoch (drop_last: the batches that fit) handed out distinct
+    indices of the dataset, and as many as it should."""
+    per_epoch = cfg.images // cfg.batch_size * cfg.batch_size
+    if len(indices) != (cfg.warmup + cfg.steps) * cfg.batch_size:
+        return False
+    for k in range(0, len(indices), per_epoch):
+        epoch = indices[k : k + per_epoch]
+        if len(set(epoch)) != len(epoch) or not all(0 <= i < cfg.images for i in epoch):
+            return False
+    return True
+
+
+def _open(
+    cfg: Config, dataset: Any, device: Any
+) -> tuple[Any, Generator[Any, None, None]]:
+    """(the loader, its batches, running on across epochs)."""
+    import torch.utils.data
+
+    if cfg.loader == "ceiling":
+        samples = [dataset[i] for i in range(cfg.batch_size)]
+        held = tuple(
+            torch.stack([torch.as_tensor(s[k]) for s in samples]).to(device)
+            for k in range(3)
+        )
+        return None, _repeat(held)
+    common: dict[str, Any] = {
+        "batch_size": cfg.batch_size,
+        "shuffle": True,
+        "drop_last": True,
+        "pin_memory": cfg.pin_memory,
+    }
+    loader: Any
+    if cfg.loader == "TorchPrefetcher":
+        from ..torch import TorchPrefetcher
+
+        loader = TorchPrefetcher(
+            dataset,
+            workers=cfg.workers,
+            device=device if device.type == "cuda" else None,
+            **common,
+        )
+    else:
+        if cfg.loader == "DataLoader":
+            cls: Any = torch.utils.data.DataLoader
+        elif cfg.loader == "fastq.torch.DataLoader":
+            from ..torch import DataLoader as cls
+        else:
+            raise ValueError(f"loader={cfg.loader!r}: choose from {LOADERS}")
+        loader = cls(
+            dataset, num_workers=cfg.workers, persistent_workers=True, **common
+        )
+    return loader, _epochs(loader)
+
+
+def _repeat(batch: Any) -> Generator[Any, None, None]:
+    while True:
+        yield batch
+
+
+def _epochs(loader: Any) -> Generator[Any, None, None]:
+    # A new epoch's first batch is waited for inside next(), as in a loop
+    # that runs `for epoch ...: for batch in loader`.
+    while True:
+        yield from loader
+
+
+def _close(loader: Any) -> None:
+    if loader is None:
+        return
+    close = getattr(loader, "close", None)
+    if close is not None:
+        close()
+        return
+    it = getattr(loader, "_iterator", None)
+    if it is not None:
+        it._shutdown_workers()
+
+
+def main(argv: list[str]) -> int:
+    cfg = Config(**json.loads(argv[0]))
+    run = measure(cfg)
+    print(json.dumps(asdict(run)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
