@@ -146,12 +146,24 @@ def start_early() -> None:
         _state.server is None
         and _state.pending is None
         and not _state.failed
+        and cuda_possible()
         and _supported()
         and _safe_to_fork()
     ):
         _state.pending = _fork_zygote()
         if _state.pending is None:
             _state.failed = True
+
+
+def cuda_possible() -> bool:
+    """Whether CUDA may yet be initialised here: workers fork from this
+    process until then (fastq._pool), so a zygote forked ahead serves only
+    a torch built with CUDA, and costs a process elsewhere."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.backends.cuda.is_built())
+    except AttributeError:  # a torch without the query: assume it may
+        return True
 
 
 def _supported() -> bool:

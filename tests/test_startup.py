@@ -77,8 +77,10 @@ from fastq import _pool
 from fastq import _zygote as zygote
 from where import WhereAmI
 
-# As once CUDA is initialised: the default start method is the zygote's.
+# As once CUDA is initialised: the default start method is the zygote's,
+# which `import fastq.torch` forks ahead as on a torch built with CUDA.
 _pool._cuda_forbids_fork = lambda: True
+zygote.cuda_possible = lambda: True
 
 
 def take(**kw):
@@ -425,6 +427,42 @@ def test_zygote_forked_inside_a_modules_import(project: Path) -> None:
     (out,) = run_script(project, body)
     assert out["rows"] == list(range(16))
     assert out["parents"] == [out["server"]]
+
+
+@needs_torch
+def test_no_zygote_where_torch_has_no_cuda(project: Path) -> None:
+    """Workers fork from the script until CUDA is initialised, which a
+    torch built without CUDA never is: `import fastq.torch` forks no
+    zygote there, and leaves no process behind."""
+    code = textwrap.dedent(
+        """
+        import json, os
+        import torch
+        import fastq.torch
+        from fastq import _zygote
+
+        def parent_of(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:  # gone meanwhile
+                return -1
+
+        children = [
+            int(e) for e in os.listdir("/proc")
+            if e.isdigit() and parent_of(e) == os.getpid()
+        ]
+        print(json.dumps({
+            "cuda_built": torch.backends.cuda.is_built(),
+            "pending": _zygote._state.pending is not None,
+            "children": children,
+        }))
+        """
+    )
+    out = json.loads(run_python(project, "-c", code).splitlines()[-1])
+    assert out["pending"] == out["cuda_built"]
+    if not out["cuda_built"]:
+        assert out["children"] == []
 
 
 @needs_torch
