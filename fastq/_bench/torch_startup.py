@@ -182,10 +182,14 @@ def _measure(loader: str, method: str, workers: int) -> Run:
     from .torch_dataset import Images
 
     if method == "zygote":
-        import fastq.torch
-        from fastq import _pool
+        from fastq import _pool, _zygote
 
-        _pool._cuda_forbids_fork = lambda: True  # as once CUDA is initialised
+        # As on a torch built with CUDA, once CUDA is initialised: the
+        # zygote forked at a script's top serves the workers.
+        _zygote.cuda_possible = lambda: True
+        import fastq.torch  # noqa: F401
+
+        _pool._cuda_forbids_fork = lambda: True
     dataset = Images(SAMPLES)
     context = None if method in ("default", "zygote") else method
     gc.collect()
