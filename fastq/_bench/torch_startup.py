@@ -187,7 +187,7 @@ def _measure(loader: str, method: str, workers: int) -> Run:
         # As on a torch built with CUDA, once CUDA is initialised: the
         # zygote forked at a script's top serves the workers.
         _zygote.cuda_possible = lambda: True
-        import fastq.torch  # noqa: F401
+        import fastq.torch
 
         _pool._cuda_forbids_fork = lambda: True
     dataset = Images(SAMPLES)
