@@ -226,6 +226,15 @@ def wait_gone(pids: set[int], timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+# A script's import of the DataLoader under test (its environment names it).
+IMPORT_DATALOADER = (
+    "if os.environ['FASTQ_PORT_AGAINST'] == 'torch':\n"
+    "    from torch.utils.data import DataLoader\n"
+    "else:\n"
+    "    from fastq.torch import DataLoader\n"
+)
+
+
 def script_env() -> dict[str, str]:
     """The environment of a script a test runs: the class under test named,
     and this directory importable ahead of whatever PYTHONPATH already
@@ -992,11 +1001,8 @@ def test_early_exit(tmp_path: Any) -> None:
     script.write_text(
         "import os\n"
         "from torch_helpers.dataloader_port_data import RandomIterableDataset\n"
-        "if os.environ['FASTQ_PORT_AGAINST'] == 'torch':\n"
-        "    from torch.utils.data import DataLoader\n"
-        "else:\n"
-        "    from fastq.torch import DataLoader\n"
-        "\n"
+        + IMPORT_DATALOADER
+        + "\n"
         "if __name__ == '__main__':\n"
         "    dl = DataLoader(RandomIterableDataset(64, (28, 28)), batch_size=16,\n"
         "                    num_workers=2, persistent_workers=True,\n"
@@ -1030,11 +1036,8 @@ def test_proper_exit_worker_error(
     script.write_text(
         "import functools, os\n"
         "from torch_helpers import dataloader_port_data as port\n"
-        "if os.environ['FASTQ_PORT_AGAINST'] == 'torch':\n"
-        "    from torch.utils.data import DataLoader\n"
-        "else:\n"
-        "    from fastq.torch import DataLoader\n"
-        "\n"
+        + IMPORT_DATALOADER
+        + "\n"
         "if __name__ == '__main__':\n"
         f"    loader = DataLoader(port.{dataset}, {str(flag)!r}), batch_size=1,\n"
         "                        shuffle=False, num_workers=2,\n"

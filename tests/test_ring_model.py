@@ -5,24 +5,17 @@ vacuous)."""
 
 from __future__ import annotations
 
-import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from spin_models import REQUIRES_SPIN, SPIN, scratch
+from spin_models import verify as run_model
 
-MODEL = Path(__file__).resolve().parent.parent / "src_c" / "model" / "fq_ring.pml"
-SPIN = shutil.which("spin")
-CC = shutil.which("cc") or shutil.which("gcc")
+MODEL = "fq_ring.pml"
 
-pytestmark = [
-    pytest.mark.skipif(
-        SPIN is None, reason="spin is not installed (apt-get install -y spin)"
-    ),
-    pytest.mark.skipif(CC is None, reason="no C compiler (cc or gcc) to build pan"),
-]
+pytestmark = REQUIRES_SPIN
 
 # Depth bound: the deepest run of the sizes below is about 700 steps, so a
 # search that hits this bound is incomplete and fails rather than passes.
@@ -44,10 +37,8 @@ LARGE_BUILD = ["-Og", "-DCOLLAPSE"]
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Iterator[Path]:
-    """A scratch directory for pan.c, pan and trails, removed afterwards."""
-    shutil.copy(MODEL, tmp_path / MODEL.name)
-    yield tmp_path
-    shutil.rmtree(tmp_path, ignore_errors=True)
+    """A scratch directory for pan.c, pan and trails."""
+    yield scratch(MODEL, tmp_path)
 
 
 def verify(
@@ -58,35 +49,15 @@ def verify(
     hash_bits: int = 25,
 ) -> tuple[int, str]:
     """Generates, builds and runs the verifier; returns (errors, output)."""
-    steps = [
-        [str(SPIN), *defines, "-a", MODEL.name],
-        [
-            str(CC),
-            "-w",
-            *cflags,
-            "-DSAFETY",
-            f"-DMEMLIM={MEMLIM_MB}",
-            "-o",
-            "pan",
-            "pan.c",
-        ],
-    ]
-    for cmd in steps:
-        proc = subprocess.run(
-            cmd, cwd=workdir, capture_output=True, text=True, timeout=120
-        )
-        assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout}{proc.stderr}"
-    proc = subprocess.run(
-        ["./pan", f"-m{MAX_DEPTH}", f"-w{hash_bits}"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
+    return run_model(
+        workdir,
+        MODEL,
+        defines,
         timeout=timeout,
+        max_depth=MAX_DEPTH,
+        cflags=[*cflags, f"-DMEMLIM={MEMLIM_MB}"],
+        pan_args=[f"-w{hash_bits}"],
     )
-    out = proc.stdout + proc.stderr
-    found = re.search(r"errors: (\d+)", out)
-    assert found, f"pan printed no error count:\n{out}"
-    return int(found.group(1)), out
 
 
 def summary(out: str) -> str:
@@ -192,7 +163,7 @@ def test_broken_model_is_refuted(workdir: Path, variant: str) -> None:
     assert error in out, out
     # The counterexample replays: spin can walk the trail it wrote.
     replay = subprocess.run(
-        [str(SPIN), *defines, "-t", MODEL.name],
+        [str(SPIN), *defines, "-t", MODEL],
         cwd=workdir,
         capture_output=True,
         text=True,

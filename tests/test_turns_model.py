@@ -5,25 +5,16 @@ reach each situation the checks are about."""
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from spin_models import REQUIRES_SPIN, scratch
+from spin_models import verify as run_model
 
-MODEL = Path(__file__).resolve().parent.parent / "src_c" / "model" / "fq_turns.pml"
-SPIN = shutil.which("spin")
-CC = shutil.which("cc") or shutil.which("gcc")
+MODEL = "fq_turns.pml"
 
-pytestmark = [
-    pytest.mark.skipif(
-        SPIN is None, reason="spin is not installed (apt-get install -y spin)"
-    ),
-    pytest.mark.skipif(CC is None, reason="no C compiler (cc or gcc) to build pan"),
-    pytest.mark.timeout(120),
-]
+pytestmark = [*REQUIRES_SPIN, pytest.mark.timeout(120)]
 
 # Depth bound: the deepest run of the sizes below is about 300 steps, so a
 # search that hits this bound is incomplete and fails rather than passes.
@@ -63,33 +54,15 @@ REACH = {
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Iterator[Path]:
-    """A scratch directory for pan.c, pan and trails, removed afterwards."""
-    shutil.copy(MODEL, tmp_path / MODEL.name)
-    yield tmp_path
-    shutil.rmtree(tmp_path, ignore_errors=True)
+    """A scratch directory for pan.c, pan and trails."""
+    yield scratch(MODEL, tmp_path)
 
 
 def verify(workdir: Path, defines: list[str]) -> tuple[int, str]:
     """Generates, builds and runs the verifier; returns (errors, output)."""
-    for cmd in (
-        [str(SPIN), *defines, "-a", MODEL.name],
-        [str(CC), "-w", "-O0", "-DSAFETY", "-o", "pan", "pan.c"],
-    ):
-        proc = subprocess.run(
-            cmd, cwd=workdir, capture_output=True, text=True, timeout=60
-        )
-        assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout}{proc.stderr}"
-    proc = subprocess.run(
-        ["./pan", f"-m{MAX_DEPTH}"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    return run_model(
+        workdir, MODEL, defines, timeout=60, max_depth=MAX_DEPTH, cflags=["-O0"]
     )
-    out = proc.stdout + proc.stderr
-    found = re.search(r"errors: (\d+)", out)
-    assert found, f"pan printed no error count:\n{out}"
-    return int(found.group(1)), out
 
 
 @pytest.mark.parametrize("name", list(SIZES))
