@@ -244,6 +244,17 @@ def script_env() -> dict[str, str]:
     return dict(os.environ, FASTQ_PORT_AGAINST=AGAINST, PYTHONPATH=path)
 
 
+def run_script(script: Any) -> subprocess.CompletedProcess[str]:
+    """Runs a script a test wrote, in script_env(), within a bound."""
+    return subprocess.run(
+        [sys.executable, str(script)],
+        env=script_env(),
+        timeout=50,
+        capture_output=True,
+        text=True,
+    )
+
+
 def assert_like(got: Any, want: Any, path: str = "batch") -> None:
     """`got` has the structure and types of `want` (made by default_collate
     or default_convert in this process): the same containers, tensors of the
@@ -1010,13 +1021,7 @@ def test_early_exit(tmp_path: Any) -> None:
         "    for _ in dl:\n"
         "        break\n"
     )
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        env=script_env(),
-        timeout=50,
-        capture_output=True,
-        text=True,
-    )
+    proc = run_script(script)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -1049,13 +1054,7 @@ def test_proper_exit_worker_error(
         "        if i == 0:\n"
         f"            open({str(flag)!r}, 'w').close()\n"
     )
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        env=script_env(),
-        timeout=50,
-        capture_output=True,
-        text=True,
-    )
+    proc = run_script(script)
     assert proc.returncode != 0, proc.stderr
     assert "RuntimeError: Worker error" in proc.stderr
     workers = {int(line) for line in pids.read_text().split()}
