@@ -76,8 +76,7 @@ class _DescriptorRecorder:
     among the payload's descriptors, of which each worker is then passed
     its own duplicates. (The Popen's own list would serve its worker only.)"""
 
-    def __init__(self, method: str) -> None:
-        self.method = method
+    def __init__(self) -> None:
         self.fds: list[int] = []
 
     def duplicate_for_child(self, fd: int) -> int:
@@ -93,7 +92,7 @@ def _dump(objs: Any, file: Any, arrays: Any) -> list[int]:
     """Pickles objs into file; the descriptors the pickle refers to."""
     popen = context.get_spawning_popen()
     method = getattr(popen, "method", None) or "spawn"
-    recorder = _DescriptorRecorder(method)
+    recorder = _DescriptorRecorder()
     context.set_spawning_popen(recorder)  # type: ignore[arg-type]
     try:
         _WorkerPickler(file, pickle.HIGHEST_PROTOCOL, arrays).dump(objs)

@@ -176,9 +176,6 @@ class PayloadFd:
     def __init__(self, index: int) -> None:
         self.index = index
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (PayloadFd, (self.index,))
-
     def detach(self) -> int:
         return os.dup(_incoming_fds[self.index])
 
