@@ -49,6 +49,19 @@ class PackedSource(Protocol):
     def __call__(self) -> Iterator[Any]: ...
 
 
+class SlotPinning(Protocol):
+    """A page-locked ring (fastq/torch/_pinned.py): registered once the
+    ring exists, it keeps a released slot until the device work that may
+    still read it has run."""
+
+    @property
+    def waiting(self) -> int: ...
+    def register(self, mapping: Any) -> None: ...
+    def hold(self, whole: np.ndarray[Any, Any], lease: Any) -> None: ...
+    def make_room(self, consumer: Any, nslots: int) -> None: ...
+    def close(self) -> None: ...
+
+
 class PlannedPrefetcher(Prefetcher):
     """Workers, ring and plan table for one DataLoader. Iterating it runs
     one epoch of ``batches`` (an iterator of index lists from the sampler,
@@ -56,7 +69,9 @@ class PlannedPrefetcher(Prefetcher):
 
     Slots are sized from worker 0's first batch (task 0 of the first epoch,
     never made in this process), scaled to ``max_rows`` indices, unless
-    ``slot_bytes`` is given.
+    ``slot_bytes`` is given. ``make_batch`` converts each batch (pins it);
+    ``pinning``, called once the ring exists, page-locks it, so that its
+    batches are pinned as they are.
     """
 
     def __init__(
@@ -79,6 +94,7 @@ class PlannedPrefetcher(Prefetcher):
         world_size: int,
         make_batch: Callable[[Any], Any] | None = None,
         first_batch: int = 0,
+        pinning: Callable[[], SlotPinning] | None = None,
     ) -> None:
         self._pid = os.getpid()
         self._closed = True
@@ -93,6 +109,8 @@ class PlannedPrefetcher(Prefetcher):
         self._keep_limit = max(3, slots)
         self._warned_keeping = False
         self._convert = make_batch
+        self._make_pinning = pinning
+        self._pinning: SlotPinning | None = None
         self.ordered = ordered
         self.copy = False
         self.timeout = timeout
@@ -315,6 +333,9 @@ class PlannedPrefetcher(Prefetcher):
         )
         self._plans: PlanTable | None = None
         self._sized = True
+        if self._make_pinning is not None:
+            self._pinning = self._make_pinning()
+            self._pinning.register(self._region.mapping)
         if plan is not None:
             assert held is not None
             self._plans = PlanTable(ring, self._region.mapping, plan)
@@ -467,14 +488,35 @@ class PlannedPrefetcher(Prefetcher):
     def _unpack(self, lease: SlotLease) -> Any:
         slot = np.frombuffer(memoryview(lease), dtype=np.uint8)
         batch = unpack(slot, lease.payload_bytes, self._codec)
-        if self._convert is not None:
-            return self._convert(batch)
-        if self._feed.consumer.held >= self._keep_limit:
+        pinning = self._pinning
+        held = self._feed.consumer.held
+        if pinning is not None:
+            pinning.hold(slot, lease)
+            held -= pinning.waiting
+        del slot
+        if held >= self._keep_limit:
             # The loop keeps its batches (list(loader), a running list of
             # outputs): from here on each batch is copied and its slot
             # returned at once, so the workers never run out of slots.
             batch = self._copied(batch)
+        if self._convert is not None:
+            return self._convert(batch)
         return batch
+
+    def _reclaim_slots(self) -> None:
+        if self._pinning is not None:
+            self._pinning.make_room(self._feed.consumer, self._ring.nslots)
+
+    def _teardown(self) -> None:
+        # Copies queued from the ring finish before it is unpinned, and it
+        # is unpinned before it is unmapped.
+        pinning = getattr(self, "_pinning", None)
+        self._pinning = None
+        try:
+            if pinning is not None:
+                pinning.close()
+        finally:
+            super()._teardown()
 
     def _copied(self, batch: Any) -> Any:
         if not self._warned_keeping:

@@ -16,7 +16,7 @@ from multiprocessing import reduction
 from multiprocessing.connection import wait
 from typing import Any
 
-from . import _report, _zygote
+from . import _report
 from ._handoff import handoff_for_workers
 from ._plan import PlanLayout
 from ._ring import NO_TASK, OWNER_READY, OWNER_WORKER, READY, Ring
@@ -35,17 +35,12 @@ GRACE_SECONDS = 0.5
 
 def default_start_method() -> str:
     """The start method behind ``start_method=None``: ``fork`` where the
-    platform has it and CUDA is not initialised here (DataLoader's default
-    on Linux; see NOTE [ Default start method ]), else ``forkserver``
-    (through the zygote, fastq/_zygote.py) or ``spawn``."""
+    platform has it, as DataLoader's default on Linux (see NOTE [ Default
+    start method ]), else ``forkserver`` or ``spawn``."""
     methods = mp.get_all_start_methods()
-    if "fork" in methods and not _cuda_forbids_fork():
+    if "fork" in methods:
         return "fork"
     return "forkserver" if "forkserver" in methods else "spawn"
-
-
-def _cuda_forbids_fork() -> bool:
-    return _zygote.cuda_initialised()
 
 
 # NOTE [ Default start method ]
@@ -55,18 +50,21 @@ def _cuda_forbids_fork() -> bool:
 # worker_init as they are, so lambdas, closures, classes a notebook cell or
 # `python -c` defines, multiprocessing objects of the default context and
 # large arrays (shared copy-on-write, at fork's cost) all reach them, and
-# nothing the script imported is imported again. A fork is made whatever
-# threads the process runs, as DataLoader's is: the child runs only the
-# worker loop and the dataset, CPython, glibc, OpenBLAS and torch reset
-# their own locks and thread pools in a forked child, and workers run
-# torch and BLAS on one thread (worker_threads=1).
+# nothing the script imported is imported again. The first batch comes as
+# soon as DataLoader's wherever the script imports fastq.
 #
-# Once CUDA is initialised here a forked child cannot use it, so workers
-# then start from the zygote (a copy of this process forked at
-# `import fastq.torch`, before CUDA) or multiprocessing's fork server, and
-# the user's objects are pickled for them (fastq/_handoff.py): by value
-# where they cannot be imported (cloudpickle), large arrays as one shared
-# copy, descriptors duplicated for each worker.
+# A fork is made whatever threads the process runs, as DataLoader's is: the
+# child runs only the worker loop and the dataset, CPython, glibc, OpenBLAS
+# and torch reset their own locks and thread pools in a forked child, and
+# workers run torch and BLAS on one thread (worker_threads=1).
+#
+# Also once CUDA is initialised: workers never touch CUDA (batches reach the
+# GPU from this process, pinned by it), and a dataset that does gets torch's
+# own error from its worker ("Cannot re-initialize CUDA in forked
+# subprocess"), which names the fix: start_method="spawn" or "forkserver".
+# Those pickle the user's objects for the workers (fastq/_handoff.py): by
+# value where they cannot be imported (cloudpickle), large arrays as one
+# shared copy, descriptors duplicated for each worker.
 
 
 def get_context(start_method: str | None) -> Any:
@@ -76,33 +74,24 @@ def get_context(start_method: str | None) -> Any:
             f"start_method={start_method!r} is not available here; use one of "
             f"{[m for m in START_METHODS if m in mp.get_all_start_methods()]}"
         )
-    if method == "fork" and start_method is not None:
-        _refuse_fork_after_cuda()
-    if start_method is None and method == "forkserver":
-        # CUDA is initialised: workers fork from the zygote if one was
-        # forked before (it shares what the script imported, torch for one).
-        zygote = _zygote.context()
-        if zygote is not None:
-            return zygote
-        # No zygote could be forked (threads, CUDA, a Python whose
-        # multiprocessing the zygote does not know): the normal fork server.
     ctx = mp.get_context(method)
     if method == "forkserver":
         # Workers fork from a server that already imported what they need.
         # The main module must be import-safe (`if __name__ == "__main__":`),
         # as under spawn.
-        ctx.set_forkserver_preload(_zygote.forkserver_preload())
+        ctx.set_forkserver_preload(_forkserver_preload())
     return ctx
 
 
-def _refuse_fork_after_cuda() -> None:
-    if _zygote.cuda_initialised():
-        raise ConfigError(
-            "start_method='fork': CUDA is already initialised in this process, "
-            "and a forked child cannot use it (it would crash or hang); use "
-            "start_method='forkserver' or 'spawn', or create the Prefetcher "
-            "before touching CUDA"
-        )
+def _forkserver_preload() -> list[str]:
+    """What the fork server preloads for fastq's workers: fastq and numpy
+    through fastq._worker, and torch when this process has it. CPython
+    (3.11 to 3.13 at least) never preloads "__main__" itself (ForkServer
+    passes forkserver.main no main_path), so each worker would run the main
+    script, and import torch with it, every time workers start (each epoch
+    without persistent_workers)."""
+    torch = ["torch"] if "torch" in sys.modules else []
+    return ["__main__", "fastq._worker", *torch]
 
 
 def _exit_description(exitcode: int | None) -> tuple[str, str]:

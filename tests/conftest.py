@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-from fastq import _zygote
-
 sys.path.insert(0, os.path.dirname(__file__))  # helpers.py for spawn children
 
 START_METHODS = [
@@ -88,16 +86,8 @@ def clean_world() -> Iterator[None]:
         assert not [n for n in new if "fastq" in n], f"/dev/shm leak: {new}"
 
 
-def _skip_fork_after_cuda(method: str) -> None:
-    """On a GPU machine, a CUDA test earlier in the run initialised CUDA in
-    this process, and fastq then refuses fork (tested apart)."""
-    if method == "fork" and _zygote.cuda_initialised():
-        pytest.skip("CUDA is initialised in this process: fork is refused")
-
-
 @pytest.fixture(params=START_METHODS)
 def start_method(request: pytest.FixtureRequest) -> str:
-    _skip_fork_after_cuda(str(request.param))
     return str(request.param)
 
 
@@ -107,7 +97,6 @@ def started_by(request: pytest.FixtureRequest) -> dict[str, str]:
     method, or threads."""
     if request.param == "thread":
         return {"worker_method": "thread"}
-    _skip_fork_after_cuda(str(request.param))
     return {"start_method": str(request.param)}
 
 

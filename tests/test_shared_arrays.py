@@ -13,7 +13,6 @@ import pytest
 from helpers import HoldsArrays, mapping_inode
 
 import fastq
-from fastq import _pool
 from fastq._shared_arrays import SHARE_AT_BYTES
 
 PICKLING = [
@@ -40,14 +39,8 @@ def column(batches: list[dict[str, Any]], name: str) -> np.ndarray:
     return np.concatenate([b[name] for b in batches])
 
 
-@pytest.mark.parametrize("start_method", [*PICKLING, None])
-def test_a_large_array_arrives_mapped_and_equal(
-    start_method: str | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if start_method is None:
-        # The default once CUDA is initialised (before, workers fork and
-        # inherit the array: tests/test_user_objects.py).
-        monkeypatch.setattr(_pool, "_cuda_forbids_fork", lambda: True)
+@pytest.mark.parametrize("start_method", PICKLING)
+def test_a_large_array_arrives_mapped_and_equal(start_method: str) -> None:
     big, small = big_array(), np.arange(5)
     batches = run(HoldsArrays(big, small), start_method)
     assert np.array_equal(column(batches, "row"), big)

@@ -1,9 +1,8 @@
-"""The default start method once CUDA is initialised: workers fork from the
-zygote, a server forked from the script, so they share what it imported; a
-parent with threads falls back to the normal fork server; nothing outlives
-the script. Each script runs in a fresh interpreter, told that CUDA forbids
-forking its workers (no GPU is needed), and the world is checked afterwards.
-Before CUDA, workers fork from the script itself (tests/test_user_objects.py)."""
+"""Start-up: workers fork from the script, as DataLoader's do, whatever it
+imported, whatever threads it runs and wherever it imports fastq.torch, so
+they share what it imported and never run its code; nothing outlives the
+script. Each script runs in a fresh interpreter, and the world is checked
+afterwards. What the workers inherit: tests/test_user_objects.py."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ from helpers import alive
 import fastq
 
 pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="the zygote is Linux-only"
+    not sys.platform.startswith("linux"), reason="reads /proc; forks as on Linux"
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +34,7 @@ except ImportError:
     HAS_TORCH = False
 else:
     HAS_TORCH = True
-# The tests whose scripts fork the zygote as `import fastq.torch` does.
+# The tests whose scripts import fastq.torch.
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch (fastq.torch)")
 
 # Imported by the scripts: every import of it appends this process's pid
@@ -66,21 +65,14 @@ class WhereAmI:
         )
 """
 
-# The script's helpers: the pid serving its default-method workers, what
-# its workers report, and the processes that are left.
+# The script's helpers: what its workers report, and the processes that
+# are left.
 COMMON = """
 import json, os, sys, threading, time
 import numpy as np
 import probe  # imported once, here; the workers must not import it again
 import fastq
-from fastq import _pool
-from fastq import _zygote as zygote
 from where import WhereAmI
-
-# As once CUDA is initialised: the default start method is the zygote's,
-# which `import fastq.torch` forks ahead as on a torch built with CUDA.
-_pool._cuda_forbids_fork = lambda: True
-zygote.cuda_possible = lambda: True
 
 
 def take(**kw):
@@ -94,7 +86,6 @@ def take(**kw):
         "parents": parents,
         "probe_in_worker": probe_in_worker,
         "workers": pids,
-        "server": zygote.server_pid(),
     }
 
 
@@ -144,11 +135,6 @@ def imports(project: Path) -> list[int]:
     return [int(x) for x in (project / "imports.txt").read_text().split()]
 
 
-def comm(pid: int) -> str:
-    with open(f"/proc/{pid}/comm") as f:
-        return f.read().strip()
-
-
 def wait_gone(pids: list[int], seconds: float = 5.0) -> list[int]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and any(alive(p) for p in pids):
@@ -165,38 +151,25 @@ if __name__ == "__main__":
 def test_workers_share_the_scripts_imports(project: Path) -> None:
     (out,) = run_script(project, MAIN)
     assert out["rows"] == list(range(16))
-    # The workers' parent is the zygote, which this script started.
-    assert out["server"] is not None
-    assert out["parents"] == [out["server"]]
+    assert out["parents"] == [out["me"]]
     # `probe` is in the workers' modules, imported once: by the script,
-    # before the Prefetcher existed, not by the zygote or a worker.
+    # before the Prefetcher existed, not by a worker.
     assert out["probe_in_worker"]
     assert imports(project) == [out["me"]]
-    assert wait_gone([out["server"], *out["workers"]]) == []
+    assert wait_gone(out["workers"]) == []
 
 
 def test_main_module_run_with_dash_m(project: Path) -> None:
     (project / "entry.py").write_text("from common import *\n" + MAIN)
     stdout = run_python(project, "-m", "entry")
     out = json.loads(stdout.splitlines()[-1])
-    assert out["parents"] == [out["server"]]
+    assert out["parents"] == [out["me"]]
     assert imports(project) == [out["me"]]
 
 
 def test_python_dash_c(project: Path) -> None:
-    code = "from common import *\nsay(**take(), me=os.getpid())\n"
-    stdout = run_python(project, "-c", code)
-    out = json.loads(stdout.splitlines()[-1])
-    assert out["rows"] == list(range(16))
-    assert out["parents"] == [out["server"]]
-    assert imports(project) == [out["me"]]
-
-
-def test_main_defined_source_reaches_zygote_workers_under_dash_c(
-    project: Path,
-) -> None:
-    """No worker can import a `-c` main: its class and a lambda travel by
-    value (cloudpickle) to the zygote's workers."""
+    """No worker could import a `-c` main: its class and a lambda reach
+    the forked workers as they are."""
     code = textwrap.dedent(
         """
         from common import *
@@ -214,56 +187,43 @@ def test_main_defined_source_reaches_zygote_workers_under_dash_c(
         with fastq.Prefetcher(Local(), batch_size=2, workers=1) as pf:
             rows = [int(x) for b in pf for x in b[0]]
             parents = sorted({int(p) for b in pf for p in b[1]})
-        say(rows=rows, parents=parents, server=zygote.server_pid())
+        say(rows=rows, parents=parents, me=os.getpid())
         """
     )
     out = json.loads(run_python(project, "-c", code).splitlines()[-1])
     assert out["rows"] == [0, 10, 20, 30]
-    assert out["server"] is not None and out["parents"] == [out["server"]]
-
-
-def test_repeated_prefetchers_reuse_the_zygote(project: Path) -> None:
-    body = """
-    if __name__ == "__main__":
-        first = take()
-        # The first Prefetcher's threads run while the second starts: no
-        # new fork is needed, the zygote serves it.
-        with fastq.Prefetcher(WhereAmI(), batch_size=4, workers=1) as held:
-            next(iter(held))
-            second = take()
-        say(first=first, second=second, me=os.getpid())
-    """
-    (out,) = run_script(project, body)
-    server = out["first"]["server"]
-    assert server is not None and out["second"]["server"] == server
-    assert out["first"]["parents"] == out["second"]["parents"] == [server]
+    assert out["parents"] == [out["me"]]
     assert imports(project) == [out["me"]]
 
 
-def test_threaded_parent_falls_back_to_the_fork_server(project: Path) -> None:
+def test_threaded_parent_forks_its_workers(project: Path) -> None:
+    """A thread running (torch.distributed's, a trainer's) changes nothing:
+    the workers still fork from the script."""
     body = """
     if __name__ == "__main__":
         stop = threading.Event()
         t = threading.Thread(target=stop.wait)
         t.start()
         try:
-            out = take()
-            cmd = open(f"/proc/{out['parents'][0]}/cmdline", "rb").read()
-            out["parent_cmd"] = cmd.decode(errors="replace")
+            first = take()
+            # The first Prefetcher's threads run while the second starts.
+            with fastq.Prefetcher(WhereAmI(), batch_size=4, workers=1) as held:
+                next(iter(held))
+                second = take()
         finally:
             stop.set()
             t.join()
-        say(**out)
+        say(first=first, second=second, me=os.getpid())
     """
     (out,) = run_script(project, body)
-    assert out["rows"] == list(range(16))
-    assert out["server"] is None  # no zygote: a fork would not be safe
-    assert "multiprocessing.forkserver" in out["parent_cmd"]
+    assert out["first"]["rows"] == out["second"]["rows"] == list(range(16))
+    assert out["first"]["parents"] == out["second"]["parents"] == [out["me"]]
+    assert imports(project) == [out["me"]]
 
 
 def test_script_that_sets_a_start_method_as_it_is_imported(project: Path) -> None:
-    """The zygote imports the script as a fresh interpreter would: a
-    start method set at import time does not clash with the parent's."""
+    """multiprocessing's own default is the script's business: fastq's
+    workers still fork."""
     body = """
     import multiprocessing
     multiprocessing.set_start_method("spawn")
@@ -273,19 +233,17 @@ def test_script_that_sets_a_start_method_as_it_is_imported(project: Path) -> Non
     """
     (out,) = run_script(project, body)
     assert out["rows"] == list(range(16))
-    assert out["parents"] == [out["server"]]
+    assert out["parents"] == [out["me"]]
 
 
 @pytest.mark.parametrize(
     "prelude",
     ["", pytest.param("    import fastq.torch\n", marks=needs_torch)],
-    ids=["at-first-workers", "at-import"],
+    ids=["fastq", "fastq.torch"],
 )
-def test_zygote_never_runs_the_script(project: Path, prelude: str) -> None:
-    """Neither the zygote nor its workers run the script's code (what they
-    need of its __main__ travels by value): a script that cannot be run as
-    __mp_main__ gets its batches, and an unguarded one's top-level code
-    runs once, as under DataLoader's fork."""
+def test_workers_never_run_the_script(project: Path, prelude: str) -> None:
+    """A script that cannot be run as __mp_main__ gets its batches, and an
+    unguarded one's top-level code runs once, as under DataLoader's fork."""
     body = (
         prelude
         + """
@@ -300,12 +258,12 @@ def test_zygote_never_runs_the_script(project: Path, prelude: str) -> None:
     with fastq.Prefetcher(Local(), batch_size=4, workers=2) as pf:
         rows = sorted(int(r) for b in pf for r in b[0])
         parents = sorted({int(p) for b in pf for p in b[1]})
-    say(rows=rows, parents=parents, server=zygote.server_pid(), me=os.getpid())
+    say(rows=rows, parents=parents, me=os.getpid())
     """
     )
     (out,) = run_script(project, body)
     assert out["rows"] == list(range(16))
-    assert out["server"] is not None and out["parents"] == [out["server"]]
+    assert out["parents"] == [out["me"]]
     runs = (project / "imports.txt.runs").read_text().split()
     assert runs == [str(out["me"])]
 
@@ -314,12 +272,12 @@ KEEP_RUNNING = """
 if __name__ == "__main__":
     pf = fastq.Prefetcher(WhereAmI(), batch_size=4, workers=2)
     next(iter(pf))
-    say(server=zygote.server_pid(), workers=pf._pool.pids)
+    say(workers=pf._pool.pids)
     time.sleep(60)
 """
 
 
-def test_parent_killed_leaves_no_zygote_and_no_worker(project: Path) -> None:
+def test_parent_killed_leaves_no_worker(project: Path) -> None:
     script = project / "main.py"
     script.write_text("from common import *\n" + KEEP_RUNNING)
     proc = subprocess.Popen(
@@ -333,9 +291,8 @@ def test_parent_killed_leaves_no_zygote_and_no_worker(project: Path) -> None:
     try:
         assert proc.stdout is not None
         out = json.loads(proc.stdout.readline())
-        pids = [out["server"], *out["workers"]]
+        pids = out["workers"]
         assert all(alive(p) for p in pids)
-        assert comm(out["server"]) == "fastq-zygote"
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         assert wait_gone(pids) == []
@@ -350,17 +307,16 @@ def test_parent_exit_leaves_nothing(project: Path) -> None:
     if __name__ == "__main__":
         pf = fastq.Prefetcher(WhereAmI(), batch_size=4, workers=2)
         next(iter(pf))
-        say(server=zygote.server_pid(), workers=pf._pool.pids)
+        say(workers=pf._pool.pids)
         # No close(): the interpreter's exit tears everything down.
     """
     (out,) = run_script(project, body)
-    assert out["server"] is not None
-    assert wait_gone([out["server"], *out["workers"]]) == []
+    assert wait_gone(out["workers"]) == []
 
 
 def test_default_start_method_in_this_process() -> None:
-    """Under pytest too (a thread here means the normal fork server): the
-    default start method delivers every batch, and close() leaves nothing."""
+    """Under pytest too (threads run here): the default start method
+    delivers every batch, and close() leaves nothing."""
     from helpers import PatternDataset
 
     with fastq.Prefetcher(PatternDataset(24), batch_size=4, workers=2) as pf:
@@ -368,78 +324,15 @@ def test_default_start_method_in_this_process() -> None:
     assert got == list(range(24))
 
 
-# ------------------------------------------------------ forked at import
+# ------------------------------------------------------------ fastq.torch
 
 
 @needs_torch
-def test_zygote_forked_at_import_serves_a_threaded_parent(project: Path) -> None:
-    """`import fastq.torch` forks the zygote while the script has one thread:
-    a loader whose workers start after torch.distributed (or a trainer)
-    started threads still gets workers that share the script's imports."""
-    body = """
-    import fastq.torch
-
-    if __name__ == "__main__":
-        stop = threading.Event()
-        t = threading.Thread(target=stop.wait)  # torch.distributed's, say
-        t.start()
-        try:
-            say(**take(), zygote_comm=open(
-                f"/proc/{zygote.server_pid()}/comm").read().strip())
-        finally:
-            stop.set()
-            t.join()
-    """
-    (out,) = run_script(project, body)
-    assert out["rows"] == list(range(16))
-    assert out["zygote_comm"] == "fastq-zygote"
-    assert out["parents"] == [out["server"]]
-    assert out["probe_in_worker"]
-    assert len(imports(project)) == 1  # the zygote inherited the script's
-
-
-@needs_torch
-def test_zygote_forked_inside_a_modules_import(project: Path) -> None:
-    """The zygote is forked from inside `import fastq.torch`, itself inside
-    the import of one of the script's modules: it imports them afresh, and
-    what that module defines after the import reaches the workers."""
-    (project / "data.py").write_text(
-        textwrap.dedent(
-            """
-            import fastq.torch
-            from where import WhereAmI
-
-
-            class Later(WhereAmI):
-                pass
-            """
-        )
-    )
-    body = """
-    import data
-
-    if __name__ == "__main__":
-        with fastq.Prefetcher(data.Later(), batch_size=4, workers=2) as pf:
-            rows = sorted(int(r) for b in pf for r in b[0])
-            parents = sorted({int(p) for b in pf for p in b[1]})
-        say(rows=rows, parents=parents, server=zygote.server_pid())
-    """
-    (out,) = run_script(project, body)
-    assert out["rows"] == list(range(16))
-    assert out["parents"] == [out["server"]]
-
-
-@needs_torch
-def test_no_zygote_where_torch_has_no_cuda(project: Path) -> None:
-    """Workers fork from the script until CUDA is initialised, which a
-    torch built without CUDA never is: `import fastq.torch` forks no
-    zygote there, and leaves no process behind."""
+def test_importing_fastq_torch_starts_no_process(project: Path) -> None:
     code = textwrap.dedent(
         """
         import json, os
-        import torch
         import fastq.torch
-        from fastq import _zygote
 
         def parent_of(pid):
             try:
@@ -452,50 +345,35 @@ def test_no_zygote_where_torch_has_no_cuda(project: Path) -> None:
             int(e) for e in os.listdir("/proc")
             if e.isdigit() and parent_of(e) == os.getpid()
         ]
-        print(json.dumps({
-            "cuda_built": torch.backends.cuda.is_built(),
-            "pending": _zygote._state.pending is not None,
-            "children": children,
-        }))
+        print(json.dumps({"children": children}))
         """
     )
     out = json.loads(run_python(project, "-c", code).splitlines()[-1])
-    assert out["pending"] == out["cuda_built"]
-    if not out["cuda_built"]:
-        assert out["children"] == []
+    assert out["children"] == []
 
 
 @needs_torch
-def test_zygote_forked_at_import_and_never_used_leaves_nothing(
+def test_a_helper_forked_by_the_script_leaves_the_loader_alone(
     project: Path,
 ) -> None:
+    """A child the script forks (a logger, a data-prep helper) that exits
+    through sys.exit runs its atexit handlers and finalizers: the parent's
+    loader and its workers go on."""
     body = """
     import fastq.torch
 
     if __name__ == "__main__":
-        say(pending=zygote._state.pending.pid)
-    """
-    (out,) = run_script(project, body)
-    assert wait_gone([out["pending"]]) == []
-
-
-@needs_torch
-def test_a_helper_forked_while_the_zygote_starts_leaves_it_alone(
-    project: Path,
-) -> None:
-    """A child forked right after `import fastq.torch` (the zygote still
-    importing the script) exits through sys.exit: the parent's zygote is
-    not its own, and the parent's workers still come from it."""
-    body = """
-    import fastq.torch
-
-    if __name__ == "__main__":
+        pf = fastq.Prefetcher(WhereAmI(), batch_size=4, workers=2)
+        it = iter(pf)
+        first = next(it)
         pid = os.fork()
         if pid == 0:
-            sys.exit(0)  # atexit handlers and finalizers run here
+            sys.exit(0)
         os.waitpid(pid, 0)
-        say(**take())
+        rows = sorted(int(r) for b in [first, *it] for r in b[0])
+        pf.close()
+        say(rows=rows, after=take(), me=os.getpid())
     """
     (out,) = run_script(project, body)
-    assert out["rows"] == list(range(16))
-    assert out["parents"] == [out["server"]]
+    assert out["rows"] == out["after"]["rows"] == list(range(16))
+    assert out["after"]["parents"] == [out["me"]]

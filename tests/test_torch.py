@@ -10,7 +10,7 @@ import pickle
 import subprocess
 import sys
 import warnings
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,6 +26,13 @@ from torch_helpers.datasets import (  # noqa: E402
     expected,
     image,
 )
+from torch_helpers.pinning import (  # noqa: E402
+    FakeEvent,
+    fake_events,
+    fake_ring,
+    in_ring,
+    ring_range,
+)
 
 import fastq  # noqa: E402
 from fastq.torch import IterableDataset, TorchPrefetcher  # noqa: E402
@@ -35,18 +42,6 @@ pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
 no_cuda = pytest.mark.skipif(
     torch.cuda.is_available(), reason="checks the errors given where CUDA is absent"
 )
-
-
-def ring_range(pf: fastq.Prefetcher) -> tuple[int, int]:
-    assert pf._region is not None
-    whole = np.frombuffer(pf._region.mapping, dtype=np.uint8)
-    return whole.ctypes.data, whole.ctypes.data + whole.nbytes
-
-
-def in_ring(t: Any, bounds: tuple[int, int]) -> bool:
-    lo, hi = bounds
-    end = t.data_ptr() + t.numel() * t.element_size()
-    return bool(lo <= t.data_ptr() and end <= hi)
 
 
 @pytest.mark.timeout(30)
@@ -320,43 +315,15 @@ def test_adapter_refuses_dataloader_workers() -> None:
 # ------------------------------------- deferred release, with fake events
 
 
-class FakeEvent:
-    """Stands in for torch.cuda.Event: done only once synchronised."""
-
-    made: ClassVar[list[FakeEvent]] = []
-
-    def __init__(self) -> None:
-        self.done = False
-        FakeEvent.made.append(self)
-
-    def record(self, stream: Any = None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.done = True
-
-
 def test_pinned_batch_slots_wait_for_their_gpu_events(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The pinned-memory bookkeeping without a GPU: a pinned batch's slot
     goes back only once the event recorded when its last tensor died has
     completed, and a consumer short of slots waits on the oldest event."""
-    from collections import deque
-
-    from fastq.torch import _Cuda
-
-    FakeEvent.made = []
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    fake_events(monkeypatch)
     with TorchPrefetcher(Images(80), batch_size=8, workers=1, slots=3) as pf:
-        cuda = _Cuda.__new__(_Cuda)
-        cuda.device, cuda.pending, cuda.closed = torch.device("cuda", 0), deque(), False
-        cuda._host, cuda.stream = None, None
+        cuda = fake_ring(torch.device("cuda", 0))
         pf._cuda = cuda  # as pin_memory=True would, less the registration
         ring = pf._ring
         consumer = pf._feed.consumer
@@ -396,10 +363,6 @@ def test_device_batch_slots_wait_for_their_copy_events(
     for device copies): the consumer's stream waits on each copy's event,
     every tensor is recorded on it, and a slot is held exactly until its
     copy's event has completed, never by the handed-out tensors."""
-    from collections import deque
-
-    from fastq.torch import _Cuda
-
     FakeEvent.made = []
     consumer = FakeStream()
     recorded: list[Any] = []
@@ -414,9 +377,7 @@ def test_device_batch_slots_wait_for_their_copy_events(
         raising=False,
     )
     with TorchPrefetcher(Images(80), batch_size=8, workers=1, slots=3) as pf:
-        cuda = _Cuda.__new__(_Cuda)
-        cuda.device, cuda.pending, cuda.closed = torch.device("meta"), deque(), False
-        cuda._host, cuda.stream = None, object()
+        cuda = fake_ring(torch.device("meta"), copy_stream=object())
         pf._cuda, pf.device = cuda, cuda.device  # as device= would, on 'meta'
         books = pf._feed.consumer
         batches = 0

@@ -109,23 +109,30 @@ def test_consumer_stream_waits_for_the_copy() -> None:
             assert total == sum(i % 251 for i in rows_) * row_bytes
 
 
+def copy_behind_a_long_kernel(batches: Any) -> list[Any]:
+    """Queues each pinned batch's non_blocking copy, the first behind a
+    kernel that runs about a second, and drops the batch at once: its slot
+    must wait for the copy, not for us."""
+    copies = []
+    for b, (images, labels, halves) in enumerate(batches):
+        assert images.is_pinned() and labels.is_pinned() and not images.is_cuda
+        if b == 0:
+            torch.cuda._sleep(SLEEP_CYCLES)  # on the current stream
+        copies.append(
+            [t.to("cuda", non_blocking=True) for t in (images, labels, halves)]
+        )
+        del images, labels, halves
+    torch.cuda.synchronize()
+    return copies
+
+
 def test_pinned_cpu_batches_outlive_their_non_blocking_copies() -> None:
     n, rows = 120, 8
     with TorchPrefetcher(
         Images(n), batch_size=rows, workers=2, slots=3, pin_memory=True
     ) as pf:
         assert pf.device is None
-        copies = []
-        for b, (images, labels, halves) in enumerate(pf):
-            assert images.is_pinned() and not images.is_cuda
-            if b == 0:
-                torch.cuda._sleep(SLEEP_CYCLES)  # on the current stream
-            copies.append(
-                [t.to("cuda", non_blocking=True) for t in (images, labels, halves)]
-            )
-            del images, labels, halves  # the slot waits for the copy, not for us
-        torch.cuda.synchronize()
-        check_in_order(copies, rows)
+        check_in_order(copy_behind_a_long_kernel(pf), rows)
 
 
 def test_copy_true_with_pinning_is_refused() -> None:
@@ -179,3 +186,106 @@ def test_host_to_device_bandwidth_from_the_ring_matches_pinned_tensors() -> None
         assert ring >= 0.9 * pinned, (
             f"ring {ring / 1e9:.2f} GB/s vs torch pinned {pinned / 1e9:.2f} GB/s"
         )
+
+
+# ------------------------------------ the DataLoader face's pinned ring
+
+
+def test_dataloader_pinned_batches_outlive_their_non_blocking_copies() -> None:
+    """Two slots and a fast producer: every batch is released while its
+    copy is still queued behind a long kernel, and still arrives intact."""
+    from fastq.torch import DataLoader
+
+    n, rows = 120, 8
+    loader = DataLoader(
+        Images(n), batch_size=rows, num_workers=2, pin_memory=True, slots=2
+    )
+    check_in_order(copy_behind_a_long_kernel(loader), rows)
+    loader.close()
+
+
+def pinned_blocks_taken(loader: Any) -> tuple[int, int]:
+    """(batches, blocks of torch's pinned-memory allocator handed out while
+    they were iterated, after the first)."""
+
+    def handed() -> int:
+        return int(torch.cuda.host_memory_stats()["active_requests.allocated"])
+
+    it = iter(loader)
+    next(it)  # the workers run (and fastq's ring exists)
+    before = handed()
+    batches = 0
+    for images, *_ in it:
+        assert images.is_pinned()
+        images.to("cuda", non_blocking=True)
+        batches += 1
+    torch.cuda.synchronize()
+    return batches, handed() - before
+
+
+def test_dataloader_pins_without_a_page_locked_allocation_per_batch() -> None:
+    """torch's DataLoader takes a block of its pinned-memory allocator per
+    batch (which shows the count counts); the page-locked ring takes none."""
+    from torch.utils.data import DataLoader as TorchLoader
+
+    from fastq.torch import DataLoader
+
+    kwargs: dict[str, Any] = {"batch_size": 8, "num_workers": 2, "pin_memory": True}
+    batches, taken = pinned_blocks_taken(TorchLoader(Images(256), **kwargs))
+    assert batches == 31 and taken >= batches
+    loader = DataLoader(Images(256), slots=4, **kwargs)
+    batches, taken = pinned_blocks_taken(loader)
+    # Not one per batch (whatever else in the process may take one).
+    assert batches == 31 and taken < batches, f"{taken} pinned blocks taken"
+    loader.close()
+
+
+def test_dataloader_forks_its_workers_after_cuda_with_a_late_import(
+    tmp_path: Any,
+) -> None:
+    """A model on the GPU, then `import fastq.torch` (a notebook cell, a
+    trainer's late import): the workers fork from the script, as
+    DataLoader's do, and the first batch comes at fork's cost
+    (benchmarks: python -m fastq bench --case torch-startup)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import json, os, time
+        import torch
+        torch.zeros(1, device="cuda")
+        import fastq.torch
+        from torch_helpers.datasets import Images
+
+        loader = fastq.torch.DataLoader(Images(64), batch_size=8, num_workers=2)
+        t0 = time.perf_counter()
+        it = iter(loader)
+        images, labels, halves = next(it)
+        first = time.perf_counter() - t0
+        pids = [w["pid"] for w in loader.stats()["workers"]]
+        parents = set()
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                parents.add(int(f.read().rsplit(")", 1)[1].split()[1]))
+        rows = labels.tolist() + [x for b in it for x in b[1].tolist()]
+        print(json.dumps({"parents": sorted(parents), "me": os.getpid(),
+                          "rows": rows, "first_s": first}))
+        """
+    )
+    path = tmp_path / "late.py"
+    path.write_text(script)
+    here = str(__import__("pathlib").Path(__file__).resolve().parent)
+    proc = subprocess.run(
+        [sys.executable, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**__import__("os").environ, "PYTHONPATH": here},
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["parents"] == [out["me"]]
+    assert out["rows"] == list(range(64))

@@ -1,9 +1,9 @@
 """Time to the first batch and worker memory when the script has imported
-torch: fastq per start method (its default, and its zygote, the default
-once CUDA is initialised) beside torch's DataLoader. Each run is a fresh
-interpreter running this module (`python -m fastq._bench.torch_startup
-JOB`), which imports torch before the clock starts, as a training script
-does."""
+torch: fastq per start method, and the one-line migration imported late
+(after CUDA is initialised, where there is a GPU), beside torch's
+DataLoader. Each run is a fresh interpreter running this module (`python -m
+fastq._bench.torch_startup JOB`), which imports torch before the clock
+starts, as a training script does."""
 
 from __future__ import annotations
 
@@ -20,15 +20,18 @@ from . import procstat
 
 # What each run builds: (loader, start method); "default" is the loader's
 # own default (fastq: fork; DataLoader: the interpreter's default, fork on
-# Linux before Python 3.14); "zygote" is fastq's default once CUDA is
-# initialised (told so, with no GPU), fastq.torch imported at the top.
+# Linux before Python 3.14); "late" is the default with CUDA initialised
+# first (where there is a GPU) and fastq.torch imported only then, as by a
+# notebook cell after model.cuda() or a trainer's late import.
 CONFIGS = (
     ("fastq", "fork"),
     ("fastq", "spawn"),
     ("fastq", "forkserver"),
     ("fastq", "default"),
-    ("fastq", "zygote"),
+    ("fastq.torch.DataLoader", "default"),
+    ("fastq.torch.DataLoader", "late"),
     ("DataLoader", "default"),
+    ("DataLoader", "late"),
 )
 REPEATS = 5
 WORKERS = (1, 2)
@@ -44,7 +47,7 @@ class Run:
     workers: int
     first_batch_s: float = 0.0
     worker_pss: list[int] = field(default_factory=list)  # bytes, per worker
-    server_pss: int = 0  # the fork server or zygote, if any
+    server_pss: int = 0  # the fork server, if any
     total_pss: int = 0  # the script and every process under it
     actual: str = ""  # the start method used: "default" resolved
     error: str | None = None
@@ -115,7 +118,7 @@ def table(runs: Sequence[Run]) -> str:
         )
 
     head = (
-        f"{'loader, start method':34}  {'w':>1}  {'first batch s':>13}  {'x fork':>6}  "
+        f"{'loader, start method':40}  {'w':>1}  {'first batch s':>13}  {'x fork':>6}  "
         f"{'worker PSS MB':>13}  {'x fork':>6}  {'server MB':>9}  {'total MB':>8}  "
         "first batch runs (s)"
     )
@@ -126,16 +129,16 @@ def table(runs: Sequence[Run]) -> str:
         ok = [r for r in rs if not r.error]
         label = f"{loader}, {method}"
         actual = sorted({r.actual for r in ok})
-        if actual and method == "default":
+        if actual and method in ("default", "late"):
             label += f" ({'/'.join(actual)})"
         if not ok:
-            lines.append(f"{label:34}  {w:>1}  {rs[0].error}")
+            lines.append(f"{label:40}  {w:>1}  {rs[0].error}")
             continue
         first, worker, server, total = medians((loader, method, w))
         base_first, base_worker, _, _ = medians(("fastq", "fork", w))
         spread = " ".join(f"{r.first_batch_s:.2f}" for r in ok)
         lines.append(
-            f"{label:34}  {w:>1}  {first:13.3f}  {first / base_first:6.1f}  "
+            f"{label:40}  {w:>1}  {first:13.3f}  {first / base_first:6.1f}  "
             f"{worker:13.0f}  {worker / base_worker:6.2f}  {server:9.0f}  "
             f"{total:8.0f}  {spread}"
         )
@@ -149,20 +152,12 @@ def _order(loader: str, method: str) -> int:
 # ------------------------------------------------------------ one run
 
 
-def _actual(loader: str, method: str, server: int | None) -> str:
-    """The start method a run used: the workers' parent is this process
-    (fork), the zygote, or multiprocessing's fork server."""
-    if method not in ("default", "zygote"):
+def _actual(method: str, server: int | None) -> str:
+    """The start method a run used: its workers' parent is this process
+    (fork) or a fork server."""
+    if method not in ("default", "late"):
         return method
-    if loader == "fastq":
-        from fastq import _zygote
-
-        if server is None:
-            return "fork"
-        return "zygote" if server == _zygote.server_pid() else "forkserver"
-    import multiprocessing
-
-    return multiprocessing.get_start_method()
+    return "fork" if server is None else "forkserver"
 
 
 def _parent(pid: int) -> int:
@@ -177,21 +172,17 @@ def _measure(loader: str, method: str, workers: int) -> Run:
 
     import torch.utils.data
 
+    if method == "late" and torch.cuda.is_available():
+        torch.zeros(1, device="cuda")  # the model is on the GPU first
+    if loader == "fastq.torch.DataLoader":
+        import fastq.torch  # not before: the late import is what is timed
+
     import fastq
 
     from .torch_dataset import Images
 
-    if method == "zygote":
-        from fastq import _pool, _zygote
-
-        # As on a torch built with CUDA, once CUDA is initialised: the
-        # zygote forked at a script's top serves the workers.
-        _zygote.cuda_possible = lambda: True
-        import fastq.torch
-
-        _pool._cuda_forbids_fork = lambda: True
     dataset = Images(SAMPLES)
-    context = None if method in ("default", "zygote") else method
+    context = None if method in ("default", "late") else method
     gc.collect()
     t0 = time.perf_counter()
     if loader == "fastq":
@@ -203,7 +194,12 @@ def _measure(loader: str, method: str, workers: int) -> Run:
         elapsed = time.perf_counter() - t0
         pids = [w["pid"] for w in feed.stats()["workers"]]
     else:
-        feed = torch.utils.data.DataLoader(
+        kind = (
+            fastq.torch.DataLoader
+            if loader == "fastq.torch.DataLoader"
+            else torch.utils.data.DataLoader
+        )
+        feed = kind(
             dataset,
             batch_size=BATCH_SIZE,
             num_workers=workers,
@@ -212,7 +208,10 @@ def _measure(loader: str, method: str, workers: int) -> Run:
         it = iter(feed)
         first = next(it)
         elapsed = time.perf_counter() - t0
-        pids = [p.pid for p in it._workers]
+        if loader == "DataLoader":
+            pids = [p.pid for p in it._workers]
+        else:
+            pids = [w["pid"] for w in feed.stats()["workers"]]
     del first
     me = os.getpid()
     servers = {_parent(p) for p in pids} - {me}
@@ -225,12 +224,12 @@ def _measure(loader: str, method: str, workers: int) -> Run:
         worker_pss=[procstat.pss_bytes(p) for p in pids],
         server_pss=sum(procstat.pss_bytes(p) for p in servers),
         total_pss=procstat.total_pss(me),
-        actual=_actual(loader, method, server),
+        actual=_actual(method, server),
     )
-    if loader == "fastq":
-        feed.close()
-    else:
+    if loader == "DataLoader":
         del it
+    else:
+        feed.close()
     return run
 
 

@@ -13,13 +13,8 @@ except ImportError as exc:  # pragma: no cover - exercised without torch only
         "pip install 'fastq[torch]' (or pip install torch)"
     ) from exc
 
-from .. import _zygote
 from ._dataloader import DataLoader, DataLoaderTimeout
 from ._iterable import IterableDataset
-from ._prefetcher import TorchPrefetcher, _Cuda  # noqa: F401 (tests reach it)
+from ._prefetcher import TorchPrefetcher
 
 __all__ = ["DataLoader", "DataLoaderTimeout", "IterableDataset", "TorchPrefetcher"]
-
-# Workers start from a zygote forked while the script has one thread: now,
-# before torch.distributed or a trainer starts theirs (fastq/_zygote.py).
-_zygote.start_early()

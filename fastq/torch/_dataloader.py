@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import itertools
 import os
 import sys
@@ -28,11 +29,11 @@ import torch
 import torch.utils.data
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
-from .. import _zygote
 from .._planned import PlannedPrefetcher
 from .._pool import get_context
 from .._prefetcher import _as_int, _positive_int, default_workers
 from ..errors import ConfigError, FetchTimeout, WorkerError
+from ._pinned import CudaRing
 from ._worker_side import IterableSource, MapSource
 
 __all__ = ["DataLoader", "DataLoaderTimeout"]
@@ -164,10 +165,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
-        if self.num_workers > 0 and multiprocessing_context is None:
-            # Where the import could not (a rank bootstrapped by spawn), the
-            # workers' zygote is forked now, before a process group's threads.
-            _zygote.start_early()
 
     # ------------------------------------------------------------- epochs
 
@@ -217,14 +214,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.num_workers == 0:
             return super().__iter__()
-        if self.pin_memory and not torch.cuda.is_available() and not self._warned_pin:
+        if self.pin_memory and not self._warned_pin:
             self._warned_pin = True
-            warnings.warn(
-                "pin_memory=True, but no CUDA device is available: batches are "
-                "not pinned (as DataLoader does here)",
-                UserWarning,
-                stacklevel=2,
-            )
+            _warn_as_dataloader_pins(self.pin_memory_device)
         epoch = self._next_epoch()
         engine = self._engine
         if engine is not None and (
@@ -415,6 +407,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             )
         workers = self.num_workers
         prefetch = self.prefetch_factor or 2
+        make_batch, pinning = _pinning(self)
         rank, world_size = _rank_and_world_size()
         try:
             engine = PlannedPrefetcher(
@@ -433,7 +426,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 slot_bytes=self.slot_bytes,
                 rank=rank,
                 world_size=world_size,
-                make_batch=_pinner(self),
+                make_batch=make_batch,
+                pinning=pinning,
                 first_batch=first_batch,
             )
         except ConfigError as exc:
@@ -607,13 +601,54 @@ def _context(multiprocessing_context: Any) -> Any:
     return get_context(multiprocessing_context.get_start_method())
 
 
-def _pinner(loader: DataLoader[Any]) -> Any:
-    if loader.pin_memory and torch.cuda.is_available():
-        # DataLoader's pin_memory: each batch copied into page-locked memory
-        # (the slot returns at once). TorchPrefetcher(pin_memory=True) pins
-        # the ring itself and copies nothing.
-        return pin_batch
-    return None
+def _warn_as_dataloader_pins(pin_memory_device: str) -> None:
+    """DataLoader's warnings for pin_memory=True: its pin_memory_device is
+    deprecated (the current accelerator's is used), and there may be no
+    accelerator to pin for."""
+    if pin_memory_device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be "
+            f"used as the device, ignore pin_memory_device='{pin_memory_device}'.",
+            stacklevel=3,
+        )
+    if not torch.accelerator.is_available():
+        warnings.warn(
+            "pin_memory=True, but no accelerator is available: batches are "
+            "not pinned (as DataLoader does here)",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _pinning(loader: DataLoader[Any]) -> tuple[Any, Any]:
+    """(make_batch, pinning) for the engine, as DataLoader pins: for the
+    current accelerator, nothing where there is none (or MPS). On CUDA the
+    ring is page-locked once (fastq/torch/_pinned.py), so that its tensors
+    are pinned as they are; torch's pin_memory then returns them untouched
+    and pins the rest as DataLoader would (tensors rebuilt from pickles, a
+    custom batch's own pin_memory())."""
+    device = _pin_device(loader)
+    if device is None:
+        return None, None
+    make_batch = functools.partial(pin_batch, device=device)
+    if device != "cuda":
+        return make_batch, None  # copied into page-locked memory, as torch does
+    return make_batch, _page_locked_ring
+
+
+def _pin_device(loader: DataLoader[Any]) -> str | None:
+    if not loader.pin_memory or not torch.accelerator.is_available():
+        return None
+    accelerator = torch.accelerator.current_accelerator()
+    if accelerator is None or accelerator.type == "mps":
+        return None  # DataLoader does not pin for MPS either
+    return str(accelerator.type)
+
+
+def _page_locked_ring() -> CudaRing:
+    """Made once the ring exists (its workers started), on the current
+    device."""
+    return CudaRing(torch.device("cuda", torch.cuda.current_device()), False)
 
 
 def _rank_and_world_size() -> tuple[int, int]:

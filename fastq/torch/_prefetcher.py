@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import weakref
-from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,14 +13,10 @@ import torch.utils.data
 
 from .._jagged import Jagged, JaggedArray
 from .._prefetcher import Prefetcher
-from ..errors import ConfigError, SharedMemoryError, SpecError
+from ..errors import ConfigError, SpecError
+from ._pinned import CudaRing
 
 __all__ = ["TorchPrefetcher"]
-
-# cudaHostRegisterPortable: the ring counts as pinned in every CUDA context
-# of the process, not only the current device's (torch pins shared memory
-# with the same flag).
-_HOST_REGISTER_PORTABLE = 1
 
 _PREFETCHER_SIGNATURE = inspect.signature(Prefetcher.__init__)
 
@@ -86,158 +79,6 @@ def _resolve_device(
             "device=f'cuda:{LOCAL_RANK}')"
         )
     return dev, pin
-
-
-def _slot_owner(leaf: np.ndarray[Any, Any]) -> Any:
-    """The object at the end of a slot view's base chain: its SlotLease."""
-    owner: Any = leaf
-    while isinstance(owner, np.ndarray):
-        owner = owner.base
-    return owner
-
-
-class _Cuda:
-    """The CUDA side of a TorchPrefetcher: the ring's page-locked
-    registration, the copy stream, and slots waiting on GPU work.
-
-    A slot whose bytes a queued copy still has to read stays leased until
-    that copy's event has completed: ``pending`` holds (event, lease
-    holder) in the order the events were recorded. It never references the
-    prefetcher, so batch finalizers keep nothing else alive.
-    """
-
-    def __init__(self, device: torch.device, copy_stream: bool) -> None:
-        self.device = device
-        self.pending: deque[tuple[torch.cuda.Event, Any]] = deque()
-        self.closed = False
-        self._host: np.ndarray[Any, Any] | None = None
-        with torch.cuda.device(device):
-            self.stream = (
-                torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-                if copy_stream
-                else None
-            )
-
-    # ------------------------------------------------------------ pinning
-
-    def register(self, mapping: Any) -> None:
-        """Page-locks the whole ring once, so copies from any slot are DMA
-        transfers with no staging copy."""
-        # The array keeps the mapping exported (it cannot be closed) for as
-        # long as it is registered.
-        host = np.frombuffer(mapping, dtype=np.uint8)
-        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-        with torch.cuda.device(self.device):
-            err = int(
-                cudart.cudaHostRegister(
-                    host.ctypes.data, host.nbytes, _HOST_REGISTER_PORTABLE
-                )
-            )
-        if err != 0:
-            raise SharedMemoryError(
-                f"pin_memory=True: cudaHostRegister could not page-lock the "
-                f"{host.nbytes}-byte ring ({torch.cuda.CudaError(err)}). Lower "
-                "slots= or batch_size=, or pass pin_memory=False (copies then "
-                "go through CUDA's staging buffers)"
-            )
-        self._host = host
-
-    @property
-    def registered(self) -> bool:
-        return self._host is not None
-
-    # -------------------------------------------------------------- slots
-
-    def reap(self) -> None:
-        """Returns the slots whose GPU work is done (events complete in the
-        order they were recorded on one stream, so the oldest goes first)."""
-        pending = self.pending
-        while pending and pending[0][0].query():  # type: ignore[no-untyped-call]
-            pending.popleft()
-
-    def wait_oldest(self) -> None:
-        if self.pending:
-            self.pending[0][0].synchronize()
-            self.reap()
-
-    def to_device(self, leaves: Sequence[np.ndarray[Any, Any]]) -> list[torch.Tensor]:
-        """Queues the leaves' copies to the device on the copy stream; the
-        consumer's stream waits for them, and the slot stays leased until
-        they are done."""
-        self.reap()
-        consumer = torch.cuda.current_stream(self.device)
-        assert self.stream is not None
-        with torch.cuda.stream(self.stream):
-            out = [
-                torch.from_numpy(a).to(self.device, non_blocking=True) for a in leaves
-            ]
-            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            done.record(self.stream)
-        consumer.wait_event(done)
-        for t in out:
-            # Allocated on the copy stream, used on the consumer's: the
-            # allocator must not hand their memory to the next copy while
-            # the consumer's queued work still reads it.
-            t.record_stream(consumer)
-        self.pending.append((done, leaves))
-        return out
-
-    def pinned_tensors(
-        self, leaves: Sequence[np.ndarray[Any, Any]], offsets: Sequence[int]
-    ) -> list[torch.Tensor]:
-        """CPU tensors over the page-locked slot. When the last of them is
-        garbage the slot is not freed at once: an event is recorded on the
-        current stream, so a non_blocking copy queued from them finishes
-        reading before a worker may overwrite the slot."""
-        self.reap()
-        owner = _slot_owner(leaves[0])
-        # One array over the slot that every leaf views: its finalizer
-        # runs when the last tensor (hence the last leaf) is garbage.
-        whole = np.frombuffer(owner, dtype=np.uint8)
-        views = [
-            np.ndarray(a.shape, a.dtype, buffer=whole, offset=off)
-            for a, off in zip(leaves, offsets)
-        ]
-        fin = weakref.finalize(whole, _defer_release, self, owner)
-        fin.atexit = False
-        return [torch.from_numpy(v) for v in views]
-
-    # ---------------------------------------------------------- lifecycle
-
-    def close(self) -> None:
-        """Waits for every queued copy from the ring, then unpins it."""
-        self.closed = True
-        try:
-            if self.registered or self.pending:
-                # Copies the user queued from pinned batches are not all in
-                # `pending` yet (their tensors may be alive): the ring must
-                # not be unpinned under a DMA in flight.
-                torch.cuda.synchronize(self.device)
-        finally:
-            self.pending.clear()
-            host, self._host = self._host, None
-            if host is not None:
-                cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-                err = int(cudart.cudaHostUnregister(host.ctypes.data))
-                if err != 0:
-                    raise SharedMemoryError(
-                        f"cudaHostUnregister failed on the ring "
-                        f"({torch.cuda.CudaError(err)})"
-                    )
-
-
-def _defer_release(cuda: _Cuda, owner: Any) -> None:
-    """Finalizer of a pinned batch: keeps its slot until the GPU work queued
-    so far on the current stream has run. Runs in whichever thread dropped
-    the last tensor; never raises."""
-    if cuda.closed:
-        return  # close() synchronised the device; dropping `owner` frees it
-    try:
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record(torch.cuda.current_stream(cuda.device))
-    except Exception:  # interpreter or CUDA shutting down: nothing to wait for
-        return
-    cuda.pending.append((event, owner))
 
 
 def _first_jagged(spec: Any, path: str = "") -> str | None:
@@ -320,7 +161,7 @@ class TorchPrefetcher(Prefetcher):
         **kwargs: Any,
     ) -> None:
         # Everything that can be refused is refused before a worker starts.
-        self._cuda: _Cuda | None = None
+        self._cuda: CudaRing | None = None
         arguments = _bind_prefetcher_args((source, batch_size, *args), kwargs)
         jagged = _first_jagged(arguments.get("spec"))
         if jagged is not None and (pin_memory or _names_cuda(device)):
@@ -353,7 +194,7 @@ class TorchPrefetcher(Prefetcher):
                     cuda_dev = dev
                 if dev is not None:
                     self.device = cuda_dev
-                self._cuda = _Cuda(cuda_dev, copy_stream=dev is not None)
+                self._cuda = CudaRing(cuda_dev, copy_stream=dev is not None)
                 if pin:
                     assert self._region is not None
                     self._cuda.register(self._region.mapping)
@@ -388,14 +229,8 @@ class TorchPrefetcher(Prefetcher):
         return self._spec.unflatten(tensors)
 
     def _reclaim_slots(self) -> None:
-        cuda = self._cuda
-        if cuda is not None:
-            cuda.reap()
-            # Slots that only wait for GPU work would make the core report
-            # SlotsExhausted; wait for that work instead, oldest first.
-            c = self._feed.consumer
-            while cuda.pending and c.held + c.in_window >= self._ring.nslots:
-                cuda.wait_oldest()
+        if self._cuda is not None:
+            self._cuda.make_room(self._feed.consumer, self._ring.nslots)
 
     # ---------------------------------------------------------- lifecycle
 
@@ -406,7 +241,7 @@ class TorchPrefetcher(Prefetcher):
     def _engine_started(self) -> None:
         old = self._cuda
         if old is not None:
-            self._cuda = _Cuda(old.device, copy_stream=old.stream is not None)
+            self._cuda = CudaRing(old.device, copy_stream=old.stream is not None)
             if self.pin_memory:
                 assert self._region is not None
                 self._cuda.register(self._region.mapping)

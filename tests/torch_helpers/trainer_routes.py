@@ -53,8 +53,7 @@ def _loader_flag(argv: list[str]) -> str:
 
 
 if _loader_flag(sys.argv) == "fastq":
-    # At the top, as a training script moved to fastq imports its loader
-    # (its workers' zygote is forked here, before any trainer's threads).
+    # At the top, as a training script moved to fastq imports its loader.
     import fastq.torch
 
 N = 64  # a multiple of world size x batch size: no padding, no partial batch
