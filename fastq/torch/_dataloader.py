@@ -32,7 +32,7 @@ from .. import _zygote
 from .._planned import PlannedPrefetcher
 from .._pool import get_context
 from .._prefetcher import _as_int, _positive_int, default_workers
-from ..errors import ConfigError, FetchTimeout, WorkerError
+from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
 from ._worker_side import IterableSource, MapSource
 
 __all__ = ["DataLoader", "DataLoaderTimeout"]
@@ -436,8 +436,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 make_batch=_pinner(self),
                 first_batch=first_batch,
             )
-        except ConfigError as exc:
-            if getattr(exc, "empty", False) and batches is None:
+        except EmptySource:
+            if batches is None:
                 return None  # an iterable dataset with nothing in it
             raise
         except WorkerError as exc:
