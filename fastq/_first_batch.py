@@ -8,6 +8,7 @@ from typing import Any
 
 from . import _report
 from ._consumer import batch_error
+from ._handshake import Answer, FirstItemFailed, SpecFound, WorkerInitFailed
 from ._plan import Plan
 from ._ring import Ring
 from ._sampler import EpochSampler
@@ -52,21 +53,21 @@ def receive_map_spec(pool: Any, first: Plan, timeout: float | None) -> BatchSpec
     """The spec worker 0 inferred from its first sample. Raises what went
     wrong before it: the source's exception as at that batch's turn
     (naming the batch and sample), worker_init's, a death or a timeout."""
-    kind, payload = pool.receive_first(0, timeout)
-    if kind == "spec":
-        spec: BatchSpec = payload
+    answer: Answer = pool.receive_first(0, timeout)
+    if isinstance(answer, SpecFound):
+        spec: BatchSpec = answer.spec
         return spec
-    if kind == "error":
-        report, position = payload
+    if isinstance(answer, FirstItemFailed):
         raise batch_error(
-            _report.decode(report),
+            _report.decode(answer.report),
             worker=0,
             pid=pool.pids[0],
             task=first.task,
-            position=position,
+            position=answer.position,
             indices=first.indices,
         )
-    raise _report.decode(payload).error(  # worker_init failed
+    assert isinstance(answer, WorkerInitFailed)  # a map-style stream never ends
+    raise _report.decode(answer.report).error(  # worker_init failed
         worker=0, pid=pool.pids[0], where="its first batch, in worker_init"
     )
 

@@ -19,6 +19,14 @@ import numpy as np
 from . import _report
 from ._consumer import Feed, batch_error
 from ._first_batch import claim_kept
+from ._handshake import (
+    FirstItemFailed,
+    Probe,
+    ProbeStream,
+    ProbeTask,
+    SpecFound,
+    StreamEmpty,
+)
 from ._packing import Codec, PackedSpec, unpack
 from ._plan import Plan, PlanLayout, PlanTable
 from ._pool import WorkerPool
@@ -225,23 +233,24 @@ class PlannedPrefetcher(Prefetcher):
         """Asks for the next first batch (a planned source's next task, or
         the next item of an iterable's next worker in turn, as DataLoader
         takes them); False if there is none to ask."""
-        payload: Any
+        order: Probe
         if self._is_map:
-            payload = self._next_plan()
-            if payload is None:
+            plan = self._next_plan()
+            if plan is None:
                 return False
-            self._asked_plan = payload
+            self._asked_plan = plan
+            order = ProbeTask(plan)
         else:
             after = self._probed
             turn = ((after + k) % self.workers for k in range(1, self.workers + 1))
             worker = next((w for w in turn if w in self._streams), None)
             if worker is None:
                 return False
-            payload = worker not in self._started  # its stream starts now
+            order = ProbeStream(fresh=worker not in self._started)  # it starts now
             self._started.add(worker)
             self._probed = worker
         assert self._pool is not None
-        self._pool.ask_first(self._probed, payload)
+        self._pool.ask_first(self._probed, order)
         self._asked = self._probed
         return True
 
@@ -257,25 +266,24 @@ class PlannedPrefetcher(Prefetcher):
             worker, held = self._asked, self._asked_plan
             task = -1 if held is None else held.task
             assert worker is not None
-            kind, payload = pool.receive_first(worker, self.timeout)
+            answer = pool.receive_first(worker, self.timeout)
             self._asked = None
-            if kind == "spec":
-                self._build_ring(payload, held, worker)
+            if isinstance(answer, SpecFound):
+                self._build_ring(answer.spec, held, worker)
                 return
-            if kind == "error":
+            if isinstance(answer, FirstItemFailed):
                 if not self._is_map:
                     self._early_turns[worker] += 1
-                report, position = payload
                 self._early_error = batch_error(
-                    _report.decode(report),
+                    _report.decode(answer.report),
                     worker=worker,
                     pid=pool.pids[worker],
                     task=task,
-                    position=position,
+                    position=answer.position,
                     indices=self._planned_indices.pop(task, None),
                 )
                 return
-            if kind == "empty":  # an iterable worker with nothing (more)
+            if isinstance(answer, StreamEmpty):  # an iterable's worker has no more
                 self._streams.discard(worker)
                 if self._ask():
                     continue
@@ -283,7 +291,7 @@ class PlannedPrefetcher(Prefetcher):
                     raise pool.empty_error()
                 self._ended = True
                 return
-            raise _report.decode(payload).error(  # worker_init failed
+            raise _report.decode(answer.report).error(  # worker_init failed
                 worker=worker, pid=pool.pids[worker], where="its worker_init_fn"
             )
 

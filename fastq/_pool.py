@@ -12,12 +12,20 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from multiprocessing import reduction
 from multiprocessing.connection import wait
 from typing import Any
 
-from . import _report
 from ._handoff import handoff_for_workers
+from ._handshake import (
+    Answer,
+    Probe,
+    ProbeStream,
+    RingReady,
+    hand_over,
+    probe,
+    receive_answer,
+    stream_spec,
+)
 from ._plan import PlanLayout
 from ._ring import NO_TASK, OWNER_READY, OWNER_WORKER, READY, Ring
 from ._shared_arrays import Handoff
@@ -25,7 +33,7 @@ from ._shm import Region, SharedFd, anonymous_file
 from ._thread_workers import METHOD as THREAD_METHOD
 from ._thread_workers import ThreadWorker
 from ._worker import STARTUP_NOTE, WorkerConfig, worker_main
-from .errors import ConfigError, FetchTimeout, WorkerDied
+from .errors import ConfigError, EmptySource, FetchTimeout, WorkerDied
 
 START_METHODS = ("fork", "spawn", "forkserver")
 # How long close() lets workers leave on their own before SIGKILL: long
@@ -259,10 +267,11 @@ def _close_channels(channels: list[Any]) -> None:
 class WorkerPool:
     """Starts the workers and watches them; a death alerts the consumer.
 
-    With a ring, workers attach to it at once. Without one (a callable
-    source whose spec is not given), worker 0 makes its first batch and
-    sends its spec (``receive_spec``); the consumer then makes the ring and
-    sends every worker its descriptor (``send_region``).
+    With a ring, workers attach to it at once. Without one (a source whose
+    spec is not given), worker 0 makes its first batch and sends its spec
+    (``receive_spec``, ``receive_first``); the consumer then makes the ring
+    and sends every worker its descriptor (``send_region``): NOTE [ The
+    hand-shake before the ring ] in fastq/_handshake.py.
     """
 
     def __init__(
@@ -352,17 +361,15 @@ class WorkerPool:
         deadline = None if timeout is None else time.monotonic() + timeout
         for worker in range(self.size):
             if worker:
-                self.ask_first(worker, True)  # a fresh iterator of its own
-            kind, payload = self.receive_first(worker, timeout, item, deadline)
-            if kind == "spec":
-                return payload  # a BatchSpec, or a PackedSpec
-            if kind != "empty":
-                report = payload[0] if kind == "error" else payload
-                raise _report.decode(report).error(
-                    worker=worker,
-                    pid=self.processes[worker].pid,
-                    where=f"its first {item}",
-                )
+                self.ask_first(worker, ProbeStream(fresh=True))  # its own stream
+            spec = stream_spec(
+                self.receive_first(worker, timeout, item, deadline),
+                worker=worker,
+                pid=self.processes[worker].pid,
+                where=f"its first {item}",
+            )
+            if spec is not None:
+                return spec  # a BatchSpec, or a PackedSpec
         raise self.empty_error()
 
     def receive_first(
@@ -371,11 +378,10 @@ class WorkerPool:
         timeout: float | None,
         item: str = "batch",
         deadline: float | None = None,
-    ) -> tuple[str, Any]:
-        """What a worker answered about its first item (fastq._worker's
-        _await_ring): ``spec``, ``error`` (a report and the sample position),
-        ``empty`` or ``fatal`` (worker_init failed: a report). Raises its
-        death, or a timeout (``timeout`` from now, or at ``deadline``)."""
+    ) -> Answer:
+        """What a worker answered about its first item (fastq._handshake).
+        Raises its death, or a timeout (``timeout`` from now, or at
+        ``deadline``)."""
         conn = self._channels[worker]
         sentinels = {p.sentinel: w for w, p in enumerate(self.processes)}
         if deadline is None and timeout is not None:
@@ -393,8 +399,7 @@ class WorkerPool:
             ready = wait([conn, *sentinels], None if left is None else min(left, 1.0))
             if conn in ready:
                 try:
-                    answer: tuple[str, Any] = conn.recv()
-                    return answer
+                    return receive_answer(conn)
                 except EOFError:
                     # The worker is gone: its sentinel says how, within a moment.
                     ready = wait(list(sentinels), 1.0) or list(sentinels)[:1]
@@ -405,20 +410,17 @@ class WorkerPool:
                     raise self.failure
 
     @staticmethod
-    def empty_error() -> ConfigError:
-        empty = ConfigError(
+    def empty_error() -> EmptySource:
+        return EmptySource(
             "the source yielded no item in any worker, so its spec cannot be "
             "inferred; pass spec={name: (shape, dtype)} (a sample's shape in "
             "a stream of samples, a batch's otherwise)"
         )
-        empty.empty = True  # type: ignore[attr-defined]
-        return empty
 
-    def ask_first(self, worker: int, payload: Any) -> None:
-        """Asks a worker for another first batch: a planned task's ``Plan``,
-        or for an iterable source whether to start its iterator afresh."""
-        with contextlib.suppress(OSError):  # it died: receive_first says so
-            self._channels[worker].send(("probe", payload))
+    def ask_first(self, worker: int, order: Probe) -> None:
+        """Asks a worker for another first batch: a planned task's, or an
+        iterable's next item (from a fresh iterator, or its own)."""
+        probe(self._channels[worker], order)  # a death: receive_first says so
 
     def send_region(
         self,
@@ -430,12 +432,9 @@ class WorkerPool:
     ) -> None:
         """Hands every worker the ring (its descriptor over the worker's
         socket, as multiprocessing passes descriptors) and starts watching."""
+        ready = RingReady(size, spec, plan)
         for conn, p in zip(self._channels, self.processes):
-            try:
-                conn.send(("region", (size, spec, plan)))
-                reduction.send_handle(conn, region.fd, p.pid)
-            except OSError:
-                pass  # it died meanwhile: the watcher reports it
+            hand_over(conn, p.pid, region.fd, ready)
         self._watch_ring(ring)
 
     @staticmethod

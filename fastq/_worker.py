@@ -1,19 +1,14 @@
-"""Worker process entry point (spawn-safe): attach to the ring, seed, run
-worker_init, then produce batches straight into slots until closed."""
+"""Worker process entry point (spawn-safe): set up (fastq/_worker_setup.py),
+attach to the ring, then produce batches straight into slots until closed."""
 
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import itertools
 import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from multiprocessing import reduction
 from typing import Any, Callable
 
 import numpy as np
@@ -22,33 +17,25 @@ from . import _report
 from ._handoff import handoff_for_workers
 from ._jagged import JaggedArray
 from ._map_fill import FirstBatch, MapFill
-from ._packing import Arena, Codec, PackedSpec, measure, pack
+from ._packing import Arena, Codec, pack
 from ._plan import Plan, PlanLayout, PlanTable
 from ._report import UNKNOWN_SAMPLE
 from ._ring import OWNER_WORKER, SLOT_BATCH, SLOT_END, SLOT_ERROR, Ring
 from ._rows import RowWriter, copy_rows
 from ._sampler import EpochSampler
-from ._seeding import mix_seed, seed_python_and_numpy
 from ._shared_arrays import Handoff, load_for_worker
 from ._shm import Region, SharedFd
 from ._spec import BatchSpec
-from ._streams import ShuffleBuffer, worker_stream
-from ._threads import limit_threads
+from ._streams import ShuffleBuffer
 from ._turns import take_turn
-from ._worker_info import WorkerInfo, _answer_for_torch, _set_worker_info
+from ._worker_info import WorkerInfo
+from ._worker_setup import NOTHING, await_ring, open_stream, seed_batch, set_up
 from .errors import RingError
 
-_PR_SET_PDEATHSIG = 1
 # WorkerConfig fields that hold user objects.
 _USER_FIELDS = ("source", "worker_init")
-# torch's seeds as DataLoader's are: below 2**63, so torch.initial_seed()
-# fits the int64 a dataset may put in a tensor.
-_TORCH_SEED_MASK = (1 << 63) - 1
 # Starts what a worker that cannot start writes into its stack file.
 STARTUP_NOTE = b"fastq: cannot start\n"
-_NOTHING = object()
-# Bound of an error report sent before the ring (and its slots) exists.
-_REPORT_LIMIT = 1 << 20
 
 
 @dataclass
@@ -162,35 +149,10 @@ def _leave_startup_note(
 def worker_main(cfg: WorkerConfig) -> None:
     """Runs in the worker process (or thread); returns when the ring
     closes."""
-    if not cfg.in_thread:
-        _isolate_from_terminal(cfg.stack_file)
-        _die_with_consumer(cfg.consumer_pid, cfg.death_signal)
-        if cfg.threads is not None:
-            limit_threads(cfg.threads)
-    info = WorkerInfo(
-        cfg.worker_id,
-        cfg.num_workers,
-        cfg.seed,
-        cfg.rank,
-        cfg.world_size,
-        cfg.source,
-    )
-    _set_worker_info(info, cfg.in_thread)
-    if not cfg.in_thread:
-        _seed_globals(cfg.seed, cfg.worker_id)
-        if not cfg.packed:  # fastq.torch.DataLoader's workers do it their way
-            _answer_for_torch(info)
-    if cfg.packed:
-        cfg.source.start_worker(info)
-    init_error: Exception | None = None
-    try:
-        if cfg.worker_init is not None:
-            cfg.worker_init(cfg.worker_id)
-    except Exception as exc:
-        init_error = exc
+    info, init_error = set_up(cfg)
     first: tuple[Iterator[Any] | None, Any] | None = None
     if cfg.region is None:
-        first = _await_ring(cfg, info, init_error)
+        first = await_ring(cfg, info, init_error)
         if first is None:
             return
     assert cfg.region is not None
@@ -209,129 +171,6 @@ def worker_main(cfg: WorkerConfig) -> None:
         producer.run_callable(first)
 
 
-def _await_ring(
-    cfg: WorkerConfig, info: WorkerInfo, init_error: Exception | None
-) -> tuple[Iterator[Any] | None, Any] | None:
-    """Before the ring exists (a source without a spec): slots are sized
-    from a first batch, made here, in a worker, never in the consumer.
-    Worker 0 makes one at once; any worker makes one when the consumer asks
-    (``("probe", plan)``: the plan of a planned source's next task; for an
-    iterable source, whether to start its iterator afresh). Each attempt
-    answers the spec inferred from the batch, the exception, or an
-    iterable's end, and the consumer builds the ring from the first spec.
-    A worker whose worker_init failed answers that instead (``fatal``).
-    Returns what the worker starts with once the ring arrives: its iterator
-    (None: none yet) and the batch it made (or _NOTHING); None if the
-    consumer closed."""
-    conn = cfg.channel
-    it: Iterator[Any] | None = None
-    batch: Any = _NOTHING
-    plan = cfg.first_plan
-    fresh = cfg.worker_id == 0
-    try:
-        while True:
-            if init_error is not None and (fresh or plan is not None):
-                conn.send(("fatal", _report.encode(init_error, _REPORT_LIMIT)))
-                return None
-            if fresh or plan is not None:
-                batch, it = _try_first_batch(cfg, info, plan, None if fresh else it)
-            kind, payload = conn.recv()
-            if kind != "probe":
-                break
-            if cfg.is_map:
-                plan, fresh = payload, False
-            else:
-                plan, fresh = None, bool(payload)
-                if not fresh:  # go on with the iterator: a second attempt
-                    if init_error is None:
-                        batch, it = _try_first_batch(cfg, info, None, it)
-                        continue
-                    fresh = True  # answered above
-        if kind != "region":
-            return None
-        size, spec, layout = payload
-        fd = reduction.recv_handle(conn)
-    except (EOFError, OSError):
-        return None
-    finally:
-        conn.close()
-    cfg.region, cfg.region_size, cfg.spec, cfg.plan = SharedFd(fd), size, spec, layout
-    cfg.first_plan = plan  # the task whose batch is kept, if one was made
-    return it, batch
-
-
-def _try_first_batch(
-    cfg: WorkerConfig,
-    info: WorkerInfo,
-    plan: Plan | None,
-    it: Iterator[Any] | None,
-) -> tuple[Any, Iterator[Any] | None]:
-    """One attempt at a first batch: the planned task's (a map-style
-    source's: a FirstBatch), or the iterable's next (from ``it``, or a
-    fresh iterator). Tells the consumer the spec, the error or the end;
-    returns the batch (or _NOTHING) and the iterator."""
-    conn = cfg.channel
-    if plan is not None and not cfg.packed:
-        return _first_map_batch(cfg, info, plan), it
-    try:
-        if plan is not None:
-            info._start_task(plan.epoch, plan.task)
-            _seed_batch(cfg, plan)
-            batch = cfg.source.make(plan.indices)
-            scale = cfg.max_rows / max(1, len(plan.indices))
-        else:
-            if it is None:
-                it = _open_stream(cfg, 0)
-            batch = next(it)  # a sample, in a sample stream
-            scale = 1.0
-        if cfg.packed:
-            spec: Any = PackedSpec.sized(*measure(batch, cfg.source.codec), scale)
-        elif cfg.stream_rows:
-            spec = BatchSpec.from_sample(batch, cfg.stream_rows)
-        else:
-            spec = BatchSpec.from_batch(batch)
-    except StopIteration:
-        conn.send(("empty", None))
-        return _NOTHING, it
-    except Exception as exc:
-        position = getattr(cfg.source, "position", -1) if plan is not None else -1
-        conn.send(("error", (_report.encode(exc, _REPORT_LIMIT), position)))
-        if plan is None:
-            cfg.first_turn += 1  # raised in its turn before the ring
-        return _NOTHING, it
-    conn.send(("spec", spec))
-    return batch, it
-
-
-def _first_map_batch(cfg: WorkerConfig, info: WorkerInfo, plan: Plan) -> Any:
-    """A map-style source's first batch without a spec: the spec, from its
-    first sample, goes to the consumer at once (it builds the ring while
-    the rest is made); the batch, or the error that ended it after that,
-    waits for its slot. Returns the FirstBatch, or _NOTHING if the spec
-    could not be had (the consumer raises that error)."""
-    assert cfg.sampler is not None
-    maker = MapFill(cfg.source, cfg.sampler, None, info, cfg.seed, not cfg.in_thread)
-    try:
-        spec = maker.begin_first(plan.task)
-    except Exception as exc:
-        report = _report.encode(exc, _REPORT_LIMIT)
-        cfg.channel.send(("error", (report, maker.failed_row)))
-        return _NOTHING
-    cfg.channel.send(("spec", spec))
-    return maker.end_first()
-
-
-def _open_stream(cfg: WorkerConfig, ring_pass: int) -> Iterator[Any]:
-    return worker_stream(
-        cfg.source,
-        shuffle_buffer=cfg.shuffle_buffer,
-        seed=cfg.seed,
-        pass_=cfg.first_pass + ring_pass,
-        rank=cfg.rank,
-        worker_id=cfg.worker_id,
-    )
-
-
 def _stream_position(it: Iterator[Any] | None, drawn: int, row: int) -> int:
     """The failing sample's place in its worker's stream, as the slot
     header's 32-bit sample field holds it: past the `drawn` samples before
@@ -340,129 +179,6 @@ def _stream_position(it: Iterator[Any] | None, drawn: int, row: int) -> int:
         return UNKNOWN_SAMPLE
     place = it.position if isinstance(it, ShuffleBuffer) else drawn + row
     return min(place, UNKNOWN_SAMPLE - 1) if place >= 0 else UNKNOWN_SAMPLE
-
-
-def _seed_batch(cfg: WorkerConfig, plan: Plan) -> None:
-    """Every generator from (seed, epoch, batch): the batch's randomness does
-    not depend on which worker makes it, or how many there are."""
-    if not cfg.in_thread:
-        seed_python_and_numpy(cfg.seed, plan.epoch, plan.batch)
-    if cfg.packed:
-        cfg.source.reseed(mix_seed(cfg.seed, plan.epoch, plan.batch) & _TORCH_SEED_MASK)
-
-
-def _isolate_from_terminal(stack_file: SharedFd | None) -> None:
-    _reset_signals()
-    # Ctrl+C goes to the whole process group; the consumer alone handles it
-    # and tears the workers down, so they must not print a traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # On a FetchTimeout the consumer asks for this worker's Python stack with
-    # SIGUSR1 and reads it from this file into the error message.
-    if stack_file is not None and hasattr(signal, "SIGUSR1"):
-        global _stack_file
-        _stack_file = os.fdopen(stack_file.fd, "w")
-        faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
-
-
-_stack_file: Any = None  # kept open for faulthandler's lifetime
-
-# What a fresh interpreter ignores; every other catchable signal starts at
-# its default action.
-_IGNORED_AT_START = {
-    getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)
-}
-
-
-def _reset_signals() -> None:
-    """Gives the worker a fresh process's signals. Under fork it inherits
-    the parent's handlers (a trainer's SIGTERM handler would keep it alive
-    through every SIGTERM), its blocked mask (spawn too, across exec) and
-    its wakeup fd (an event loop's, which would hear our signals). A
-    handler whose Python view is already the default is left: it may be
-    faulthandler's, installed beneath Python."""
-    # SIGINT stays ignored throughout (see _isolate_from_terminal).
-    skip = {getattr(signal, n, None) for n in ("SIGKILL", "SIGSTOP", "SIGINT")}
-    for sig in signal.valid_signals():
-        if sig in skip:
-            continue
-        target = signal.SIG_IGN if sig in _IGNORED_AT_START else signal.SIG_DFL
-        try:
-            if signal.getsignal(sig) != target:
-                signal.signal(sig, target)
-        except (OSError, ValueError):  # reserved by the C library (32, 33)
-            pass
-    signal.set_wakeup_fd(-1)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-
-
-def _die_with_consumer(consumer_pid: int, death_signal: bool) -> None:
-    """Makes sure this worker never outlives the consumer process."""
-    parent = os.getppid()
-    # PR_SET_PDEATHSIG: the kernel kills us when our parent *thread* exits,
-    # even while user code holds the GIL. The parent is the consumer (fork,
-    # spawn: exact only if its main thread started us) or the fork server
-    # (single-threaded, and it exits when the consumer does).
-    if sys.platform.startswith("linux") and (parent != consumer_pid or death_signal):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    # The parent may have died before prctl took effect.
-    if os.getppid() != parent or not _alive(consumer_pid):
-        os._exit(1)
-    # For every start method and without the kernel's help: a thread that
-    # wakes the moment the consumer exits and kills this process.
-    threading.Thread(
-        target=_watch_consumer,
-        args=(consumer_pid,),
-        name="fastq-consumer-watch",
-        daemon=True,
-    ).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _watch_consumer(pid: int) -> None:
-    import select
-
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = -1
-    if fd >= 0:
-        # poll, not select: select fails on descriptors above 1023, which a
-        # worker holding many tensors' descriptors can reach.
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        while not poller.poll():
-            pass
-    else:
-        # No pidfd (old kernel or not Linux): poll the pid. Bounded: one
-        # cheap check every 200 ms, off the data path.
-        while _alive(pid):
-            time.sleep(0.2)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _seed_globals(seed: int, worker_id: int) -> None:
-    """Once per worker: every global generator, torch's included, from
-    (seed, worker id); the epoch slot 1 << 33 is one no batch has."""
-    seed_python_and_numpy(seed, 1 << 33, worker_id)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.manual_seed(mix_seed(seed, 1 << 33, worker_id) & _TORCH_SEED_MASK)
 
 
 class _Producer:
@@ -577,7 +293,7 @@ class _Producer:
 
     def run_map(self, first: Any = None) -> None:
         """A map-style source's tasks; `first`: the FirstBatch this worker
-        made before the ring existed (or None or _NOTHING), delivered
+        made before the ring existed (or None or NOTHING), delivered
         first."""
         sampler = self.cfg.sampler
         assert sampler is not None
@@ -647,11 +363,11 @@ class _Producer:
         source = self.cfg.source
         codec: Codec = source.codec
         slots = self.slots
-        keep = _NOTHING if first is None else first[1]
+        keep = NOTHING if first is None else first[1]
         while True:
             t0w = time.perf_counter_ns()
             plan: Plan | None
-            if keep is not _NOTHING:
+            if keep is not NOTHING:
                 plan = self.cfg.first_plan
                 assert plan is not None
                 task = plan.task
@@ -675,11 +391,11 @@ class _Producer:
             source.position = -1
             try:
                 arena = source.arena = Arena(slots[slot])
-                if keep is not _NOTHING:
-                    batch, keep = keep, _NOTHING
+                if keep is not NOTHING:
+                    batch, keep = keep, NOTHING
                 else:
                     self.info._start_task(plan.epoch, plan.task)
-                    _seed_batch(self.cfg, plan)
+                    seed_batch(self.cfg, plan)
                     batch = source.make(plan.indices)
                 used, record = pack(batch, slots[slot], codec, arena)
                 del batch
@@ -706,7 +422,7 @@ class _Producer:
         # later pass opens a fresh stream and resumes nothing.
         pass_ = 0
         it: Iterator[Any] | None = None
-        held = _NOTHING
+        held = NOTHING
         if first is not None:
             it, held = first
         resumed = 0, cfg.resume_items  # the ring pass a state's items are of
@@ -727,29 +443,29 @@ class _Producer:
                 # A new pass (or the first): abandon the old iterator, and
                 # the item it made before the ring existed.
                 if current != pass_:
-                    held = _NOTHING
+                    held = NOTHING
                 pass_, it, drawn, ended = current, None, 0, False
             if cfg.stream_rows:
                 self.rows.row = -1  # until a sample's row is being made
             try:
                 if it is None:
-                    it = _open_stream(cfg, pass_)
+                    it = open_stream(cfg, pass_)
                 if resumed[1] and pass_ == resumed[0]:
                     skip = drawn = resumed[1]
                     resumed = pass_, 0
-                    if held is not _NOTHING:
-                        held, skip = _NOTHING, skip - 1
+                    if held is not NOTHING:
+                        held, skip = NOTHING, skip - 1
                     pass_over(it, skip)
                 if cfg.stream_rows:
                     rows = 0 if ended else self._write_samples(it, held, slot)
-                    held, record = _NOTHING, 0
+                    held, record = NOTHING, 0
                     ended = rows < cfg.stream_rows
                     if rows == 0 or (ended and cfg.drop_last):
                         raise StopIteration  # nothing (more) to deliver
                     drawn += rows
                 else:
-                    if held is not _NOTHING:
-                        batch, held = held, _NOTHING
+                    if held is not NOTHING:
+                        batch, held = held, NOTHING
                     else:
                         batch = next(it)
                     rows, record = self._write_batch(batch, slot)
@@ -786,7 +502,7 @@ class _Producer:
         rows written, fewer than a batch once the stream ends."""
         views = self.views[slot]
         first = 0
-        if held is not _NOTHING:
+        if held is not NOTHING:
             self.rows.write_samples(lambda _: held, [0], views)
             first = 1
         return self.rows.write_stream(it, first, self.spec.rows, views)

@@ -11,6 +11,14 @@ class ConfigError(FastqError, ValueError):
     """A Prefetcher argument is invalid; the message names it and the fix."""
 
 
+class EmptySource(ConfigError):
+    """No worker's source yielded an item, so the spec cannot be inferred.
+
+    A DataLoader over an empty iterable dataset catches it and has no
+    batches; elsewhere it is a ConfigError whose fix is ``spec=``.
+    """
+
+
 class SpecError(FastqError, ValueError):
     """A sample or batch does not match the batch spec (field, expected, got)."""
 

@@ -32,7 +32,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 from .._planned import PlannedPrefetcher
 from .._pool import get_context
 from .._prefetcher import _as_int, _positive_int, default_workers
-from ..errors import ConfigError, FetchTimeout, WorkerError
+from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
 from ._pinned import CudaRing
 from ._worker_side import IterableSource, MapSource
 
@@ -430,8 +430,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 pinning=pinning,
                 first_batch=first_batch,
             )
-        except ConfigError as exc:
-            if getattr(exc, "empty", False) and batches is None:
+        except EmptySource:
+            if batches is None:
                 return None  # an iterable dataset with nothing in it
             raise
         except WorkerError as exc:
