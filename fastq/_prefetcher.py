@@ -8,7 +8,6 @@ import operator
 import os
 import secrets
 import sys
-import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -16,13 +15,14 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from ._autotune import AUTO_START, Autotuner, cpu_budget
+from ._autotune import AUTO_START, cpu_budget
 from ._consumer import Feed
+from ._engine import Engine, SlotPinning, check_open, in_main_thread
 from ._first_batch import claim_kept, first_plan, receive_map_spec
 from ._pool import WorkerPool, get_context
-from ._ring import MAX_SLOTS, MAX_WORKERS, BatchViews, Ring, region_size
+from ._ring import MAX_SLOTS, MAX_WORKERS, BatchViews, Ring
 from ._sampler import EpochSampler
-from ._shm import PAGE_SIZE, Region
+from ._shm import Region
 from ._spec import BatchSpec
 from ._state import (
     Resume,
@@ -35,13 +35,10 @@ from ._state import (
 from ._streams import check_stream_source, check_thread_sharding
 from ._thread_workers import ThreadContext
 from ._worker import WorkerConfig
-from .errors import ConfigError, PrefetcherClosed
+from .errors import ConfigError
 
 # Room in every slot for an error report, however small the batch.
 _MIN_SLOT_BYTES = 64 * 1024
-# How long a waiter spins before it sleeps: longer than a small batch takes
-# to produce, far shorter than a scheduler tick.
-_SPIN_NS = int(os.environ.get("FASTQ_SPIN_US", "50")) * 1000
 
 
 _P = TypeVar("_P", bound="Prefetcher")
@@ -269,11 +266,6 @@ class Prefetcher:
     """
 
     _spec: BatchSpec
-    _feed: Feed
-    _ring: Ring
-    # workers="auto"'s controller, per engine (subclasses that build their
-    # own engine have none).
-    _tuner: Autotuner | None = None
 
     def __init__(
         self,
@@ -299,8 +291,7 @@ class Prefetcher:
     ) -> None:
         self._pid = os.getpid()
         self._closed = True  # until construction completes
-        self._pool: WorkerPool | None = None
-        self._region: Region | None = None
+        self._engine = Engine()
 
         self._source = source
         self._is_map = _is_map_style(source)
@@ -421,7 +412,7 @@ class Prefetcher:
         try:
             self._start_engine(resume)
         except BaseException:
-            self._teardown()
+            self._engine.close()
             raise
         self._closed = False
 
@@ -430,6 +421,7 @@ class Prefetcher:
         workers begin at its first batch (the skipped ones are never made)."""
         ctx, known, worker_init, worker_threads = self._engine_args
         workers = self.workers
+        engine = self._engine = Engine(self._pinning())
 
         def config(w: int, region: Any, size: int) -> WorkerConfig:
             return WorkerConfig(
@@ -447,7 +439,7 @@ class Prefetcher:
                 region_size=size,
                 consumer_pid=self._pid,
                 threads=worker_threads,
-                death_signal=_in_main_thread(),
+                death_signal=in_main_thread(),
                 stream_rows=self._stream_rows,
                 drop_last=self.drop_last,
                 shuffle_buffer=self.shuffle_buffer,
@@ -465,44 +457,39 @@ class Prefetcher:
                 first = first_plan(self._sampler, resume)
             configs = [config(w, None, 0) for w in range(workers)]
             configs[0].first_plan = first
-            self._pool = WorkerPool(ctx, configs, None)
+            pool = engine.start_workers(ctx, configs)
             if first is not None:
-                self._spec = receive_map_spec(self._pool, first, self.timeout)
+                self._spec = receive_map_spec(pool, first, self.timeout)
             else:
-                self._spec = self._pool.receive_spec(
+                self._spec = pool.receive_spec(
                     self.timeout, "sample" if self._stream_rows else "batch"
                 )
-            size = self._make_ring(self.slots, workers)
-            assert self._region is not None
+            ring = self._build_ring()
+            assert engine.region is not None
             if first is not None:
-                claim_kept(self._ring, 0, first.task)
+                claim_kept(ring, 0, first.task)
             if self._auto:  # before any worker can take a slot
-                self._ring.set_active(AUTO_START)
-            self._pool.send_region(self._region, size, self._spec, self._ring)
+                ring.set_active(AUTO_START)
+            pool.send_region(engine.region, engine.region.size, self._spec, ring)
         else:
             self._spec = known
-            size = self._make_ring(self.slots, workers)
-            assert self._region is not None
+            ring = self._build_ring()
+            assert engine.region is not None
             if resume is not None:
                 assert self._sampler is not None
-                self._ring.skip_tasks_to(
+                ring.skip_tasks_to(
                     resume.epoch * self._sampler.batches_per_epoch + resume.first
                 )
             if self._auto:  # before any worker can take a slot
-                self._ring.set_active(AUTO_START)
-            share = self._region.share()
-            self._pool = WorkerPool(
-                ctx, [config(w, share, size) for w in range(workers)], self._ring
-            )
-        self._feed = Feed(
-            self._ring,
-            self._pool,
+                ring.set_active(AUTO_START)
+            share, size = engine.region.share(), engine.region.size
+            engine.start_workers(ctx, [config(w, share, size) for w in range(workers)])
+        feed = engine.open_feed(
             self._spec,
             self._sampler,
             ordered=self.ordered,
             timeout=self.timeout,
             copy=self.copy,
-            spin_s=_SPIN_NS / 1e9,
             host=weakref.proxy(self),
             sample_stream=bool(self._stream_rows),
             views=self._batch_views(),
@@ -510,50 +497,55 @@ class Prefetcher:
         if resume is not None:
             self._resume_at(resume)
         if stream is not None:
-            self._feed.first_pass = stream.pass_
-            self._feed.resume_items = list(stream.items)
+            feed.first_pass = stream.pass_
+            feed.resume_items = list(stream.items)
         if self._auto:
-            feed = self._feed
-            self._tuner = Autotuner(
-                self._ring, workers, lambda: (feed.consumer.delivered, feed.wait_ns)
-            )
+            engine.autotune(workers)
 
     def _restart_engine(self, resume: Resume | None) -> None:
-        """New workers, ring and feed, for a state the running workers
-        cannot resume (a resharded epoch: they shard it otherwise; a
-        callable's streams: each worker passes over what it delivered).
-        Batches handed out before stay valid while referenced."""
-        self._stop_engine()
-        self._teardown()
-        self._pool, self._region = None, None
+        """A new engine, for a state the running workers cannot resume (a
+        resharded epoch: they shard it otherwise; a callable's streams:
+        each worker passes over what it delivered). Batches handed out
+        before stay valid while referenced."""
+        self._engine.close()
         ctx, _, worker_init, worker_threads = self._engine_args
         self._engine_args = (ctx, self._spec, worker_init, worker_threads)
         try:
             self._start_engine(resume)
-            self._engine_started()
         except BaseException:
             self.close()
             raise
 
-    def _stop_engine(self) -> None:
-        """Called before the engine is replaced: a subclass that holds the
-        ring (pinned for GPU copies) lets go of it."""
+    def _pinning(self) -> Callable[[], SlotPinning] | None:
+        """What page-locks the ring for a face that hands out batches to a
+        device (fastq.torch); plain numpy batches need none."""
+        return None
 
-    def _engine_started(self) -> None:
-        """Called after the engine was replaced: a subclass takes hold of
-        the new ring."""
-
-    def _make_ring(self, slots: int, workers: int) -> int:
+    def _build_ring(self) -> Ring:
         slot_bytes = max(self._spec.slot_bytes, _MIN_SLOT_BYTES)
         # One slot more than asked for: the batch a `for` loop's body still
         # holds while the next one is fetched must not starve the workers.
-        ring_slots = slots + 1
-        size = region_size(ring_slots, workers, slot_bytes, PAGE_SIZE)
-        self._region = Region.create(size)
-        self._ring = Ring.create(
-            self._region.mapping, ring_slots, workers, slot_bytes, PAGE_SIZE, _SPIN_NS
-        )
-        return self._region.size  # whole huge pages, where it has them
+        return self._engine.build_ring(self.slots + 1, self.workers, slot_bytes)
+
+    # The engine's parts, as the consumer's code and the tests reach them.
+
+    @property
+    def _pool(self) -> WorkerPool | None:
+        return self._engine.pool
+
+    @property
+    def _region(self) -> Region | None:
+        return self._engine.region
+
+    @property
+    def _ring(self) -> Ring:
+        assert self._engine.ring is not None
+        return self._engine.ring
+
+    @property
+    def _feed(self) -> Feed:
+        assert self._engine.feed is not None
+        return self._engine.feed
 
     # ------------------------------------------------------------ spec
 
@@ -711,8 +703,9 @@ class Prefetcher:
         return self._spec.unflatten(arrays)
 
     def _reclaim_slots(self) -> None:
-        """Called before the consumer sleeps waiting for a batch: a subclass
-        that holds slots for pending work (a GPU copy) returns what it can."""
+        """Called before the consumer sleeps waiting for a batch: slots held
+        for pending device work (a pinned ring's) are returned or waited for."""
+        self._engine.make_room()
 
     def _fail(self, exc: BaseException) -> None:
         self.close()
@@ -721,14 +714,7 @@ class Prefetcher:
     # ------------------------------------------------------- lifecycle
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise PrefetcherClosed("this Prefetcher is closed; create a new one")
-        if os.getpid() != self._pid:
-            raise PrefetcherClosed(
-                f"this Prefetcher belongs to process {self._pid}; a forked "
-                f"child (pid {os.getpid()}) cannot iterate it (its batches "
-                "and slots are the parent's). Create a Prefetcher in the child"
-            )
+        check_open(self._closed, self._pid)
 
     @property
     def closed(self) -> bool:
@@ -740,30 +726,7 @@ class Prefetcher:
         if self._closed or os.getpid() != self._pid:
             return
         self._closed = True
-        feed = getattr(self, "_feed", None)
-        if feed is not None:
-            # Every open `for` loop ends; the current one with an error, so
-            # that a close() from another thread cannot pass for an end.
-            feed.close_loops(
-                "the Prefetcher was closed while this loop was running (by "
-                "another thread, or by close() in the loop); create a new one "
-                "to go on"
-            )
-        self._teardown()
-
-    def _teardown(self) -> None:
-        tuner, self._tuner = self._tuner, None
-        if tuner is not None:
-            tuner.stop()  # no thread of this Prefetcher outlives close()
-        try:
-            if self._pool is not None:
-                self._pool.close()
-            elif getattr(self, "_ring", None) is not None:
-                self._ring.close()
-        finally:
-            # Also after a Ctrl+C that cut the workers' grace short.
-            if self._region is not None:
-                self._region.close()
+        self._engine.close()
 
     def __enter__(self: _P) -> _P:
         return self
@@ -813,51 +776,7 @@ class Prefetcher:
             started, ``why``, and ``decisions``, each with ``at_s``,
             ``workers`` and ``why``.
         """
-        feed = self._feed
-        c = feed.consumer
-        n = c.delivered
-        elapsed = (time.monotonic_ns() - c.t_first_ns) / 1e9 if n else 0.0
-        per_worker = []
-        if self._pool is not None:
-            held = dict(self._pool.holders())
-            for w, pid in enumerate(self._pool.pids):
-                batches, busy, wait, _ = self._ring.worker_stats(w)
-                per_worker.append(
-                    {
-                        "pid": pid,
-                        "batches": batches,
-                        "busy_s": busy / 1e9,
-                        "wait_s": wait / 1e9,
-                        "task": held.get(w, -1),
-                    }
-                )
-        return {
-            "batches": n,
-            "bytes": c.delivered_bytes,
-            "seconds": elapsed,
-            "batches_per_s": n / elapsed if elapsed > 0 else 0.0,
-            "gb_per_s": c.delivered_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
-            "wait_share": min(1.0, feed.wait_ns / 1e9 / elapsed)
-            if elapsed > 0
-            else 0.0,
-            "mean_ready": c.occupancy / n if n else 0.0,
-            "slots": self.slots,
-            "pages": self._pages(),
-            "workers": per_worker,
-            "autotune": None if self._tuner is None else self._tuner.report(),
-        }
-
-    def _pages(self) -> dict[str, Any]:
-        """What backs the ring: its kind, and the bytes of it this process
-        maps with huge pages (from /proc/self/smaps)."""
-        region = self._region
-        if region is None:
-            return {"kind": None, "bytes": 0, "huge_bytes": 0}
-        return {
-            "kind": region.pages,
-            "bytes": region.size,
-            "huge_bytes": region.huge_bytes(),
-        }
+        return self._engine.stats(self.slots)
 
 
 _LOADED_MID_LOOP = (
@@ -930,9 +849,3 @@ def _worker_context(worker_method: Any, start_method: str | None) -> Any:
             "workers start no process; drop start_method"
         )
     return ThreadContext()
-
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()

@@ -80,7 +80,7 @@ def test_a_slot_is_not_rewritten_before_its_event_completes(
         if engine is None:
             engine = loader._engine
             bounds = ring_range(engine)
-            ring = engine._pinning
+            ring = engine._engine.pinning
             whole = np.frombuffer(engine._region.mapping, dtype=np.uint8)
         assert in_ring(rows, bounds), "pinned batches are not copied"
         want = labels.tolist()

@@ -29,7 +29,7 @@ import torch
 import torch.utils.data
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
-from .._planned import PlannedPrefetcher
+from .._planned import PlannedLoader
 from .._pool import get_context
 from .._prefetcher import _as_int, _positive_int, default_workers
 from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
@@ -135,7 +135,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             else _positive_int("max_batch_size", max_batch_size, fix)
         )
         self.worker_threads = worker_threads
-        self._engine: PlannedPrefetcher | None = None
+        self._engine: PlannedLoader | None = None
         self._epoch = 0  # the next epoch's number
         self._epoch_fixed = False  # set_epoch() named the next epoch
         self._seed: int | None = None  # persistent workers' base seed
@@ -391,7 +391,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def _start(
         self, batches: Iterator[Any] | None, epoch: int, first_batch: int = 0
-    ) -> PlannedPrefetcher | None:
+    ) -> PlannedLoader | None:
         """Starts the workers (at the first iter(), never at construction).
         None for an iterable dataset with nothing in it."""
         assert self._seed is not None
@@ -410,7 +410,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         make_batch, pinning = _pinning(self)
         rank, world_size = _rank_and_world_size()
         try:
-            engine = PlannedPrefetcher(
+            engine = PlannedLoader(
                 source,
                 ctx=_context(self.multiprocessing_context),
                 workers=workers,

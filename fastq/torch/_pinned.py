@@ -38,8 +38,11 @@ class CudaRing:
     prefetcher, so batch finalizers keep nothing else alive.
     """
 
-    def __init__(self, device: torch.device, copy_stream: bool) -> None:
+    def __init__(
+        self, device: torch.device, copy_stream: bool, pin: bool = True
+    ) -> None:
         self.device = device
+        self.pin = pin
         self.pending: deque[tuple[torch.cuda.Event, Any]] = deque()
         self.closed = False
         self._host: np.ndarray[Any, Any] | None = None
@@ -51,6 +54,11 @@ class CudaRing:
             )
 
     # ------------------------------------------------------------ pinning
+
+    def attach(self, mapping: Any) -> None:
+        """Takes hold of a new ring: page-locks it if ``pin``."""
+        if self.pin:
+            self.register(mapping)
 
     def register(self, mapping: Any) -> None:
         """Page-locks the whole ring once, so copies from any slot are DMA

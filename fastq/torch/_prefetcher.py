@@ -4,8 +4,7 @@ ring with copies to the GPU on a side stream."""
 from __future__ import annotations
 
 import inspect
-import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -161,7 +160,6 @@ class TorchPrefetcher(Prefetcher):
         **kwargs: Any,
     ) -> None:
         # Everything that can be refused is refused before a worker starts.
-        self._cuda: CudaRing | None = None
         arguments = _bind_prefetcher_args((source, batch_size, *args), kwargs)
         jagged = _first_jagged(arguments.get("spec"))
         if jagged is not None and (pin_memory or _names_cuda(device)):
@@ -186,21 +184,33 @@ class TorchPrefetcher(Prefetcher):
         self._offsets = [f.offset for f in self._spec.fields]
         try:
             self._check_dtypes()
-            if dev is not None or pin:
-                # CUDA is touched only now, after the workers have started.
-                if dev is None or dev.index is None:
-                    cuda_dev = torch.device("cuda", torch.cuda.current_device())
-                else:
-                    cuda_dev = dev
-                if dev is not None:
-                    self.device = cuda_dev
-                self._cuda = CudaRing(cuda_dev, copy_stream=dev is not None)
-                if pin:
-                    assert self._region is not None
-                    self._cuda.register(self._region.mapping)
         except BaseException:
             self.close()
             raise
+
+    def _pinning(self) -> Callable[[], CudaRing] | None:
+        if self.device is None and not self.pin_memory:
+            return None
+        return self._cuda_ring
+
+    def _cuda_ring(self) -> CudaRing:
+        """Made as the feed opens: CUDA is touched only once the workers
+        have started."""
+        dev = self.device
+        if dev is None or dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        copy_stream = self.device is not None
+        if copy_stream:
+            self.device = dev
+        return CudaRing(dev, copy_stream=copy_stream, pin=self.pin_memory)
+
+    @property
+    def _cuda(self) -> CudaRing | None:
+        return self._engine.pinning  # type: ignore[return-value]
+
+    @_cuda.setter
+    def _cuda(self, ring: CudaRing) -> None:
+        self._engine.pinning = ring
 
     def _check_dtypes(self) -> None:
         for f in self._spec.fields:
@@ -227,33 +237,3 @@ class TorchPrefetcher(Prefetcher):
         else:
             tensors = cuda.pinned_tensors(arrays, self._offsets)
         return self._spec.unflatten(tensors)
-
-    def _reclaim_slots(self) -> None:
-        if self._cuda is not None:
-            self._cuda.make_room(self._feed.consumer, self._ring.nslots)
-
-    # ---------------------------------------------------------- lifecycle
-
-    def _stop_engine(self) -> None:
-        if self._cuda is not None:
-            self._cuda.close()  # copies from the old ring done, then unpinned
-
-    def _engine_started(self) -> None:
-        old = self._cuda
-        if old is not None:
-            self._cuda = CudaRing(old.device, copy_stream=old.stream is not None)
-            if self.pin_memory:
-                assert self._region is not None
-                self._cuda.register(self._region.mapping)
-
-    def close(self) -> None:
-        """As :meth:`fastq.Prefetcher.close`; with pin_memory or a device,
-        first waits for the copies queued from the ring, then unpins it."""
-        cuda = getattr(self, "_cuda", None)
-        if cuda is None or self._closed or os.getpid() != self._pid:
-            super().close()
-            return
-        try:
-            cuda.close()
-        finally:
-            super().close()

@@ -46,12 +46,11 @@ class FakeEvent:
 
 
 def fake_ring(device: torch.device, copy_stream: Any = None) -> CudaRing:
-    """A CudaRing whose registration does nothing (its batches are not
-    really pinned); its events are FakeEvents once ``fake_events`` ran."""
+    """A CudaRing that registers nothing (its batches are not really
+    pinned); its events are FakeEvents once ``fake_events`` ran."""
     ring = CudaRing.__new__(CudaRing)
     ring.device, ring.pending, ring.closed = device, deque(), False
-    ring._host, ring.stream = None, copy_stream
-    ring.register = lambda mapping: None  # type: ignore[method-assign]
+    ring._host, ring.stream, ring.pin = None, copy_stream, False
     return ring
 
 

@@ -1,0 +1,220 @@
+"""The engine both faces hold: the worker pool, the shared region and its
+ring, the feed, workers="auto"'s tuner and a page-locked ring's pinning;
+started in the order the workers need, stopped in the one safe order."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from ._autotune import Autotuner
+from ._consumer import Feed
+from ._pool import WorkerPool
+from ._ring import Ring, region_size
+from ._shm import PAGE_SIZE, Region
+from .errors import PrefetcherClosed
+
+# How long a waiter spins before it sleeps: longer than a small batch takes
+# to produce, far shorter than a scheduler tick.
+SPIN_NS = int(os.environ.get("FASTQ_SPIN_US", "50")) * 1000
+
+
+def check_open(closed: bool, pid: int) -> None:
+    """Refuses a closed face, and one a forked child inherited."""
+    if closed:
+        raise PrefetcherClosed("this Prefetcher is closed; create a new one")
+    if os.getpid() != pid:
+        raise PrefetcherClosed(
+            f"this Prefetcher belongs to process {pid}; a forked "
+            f"child (pid {os.getpid()}) cannot iterate it (its batches "
+            "and slots are the parent's). Create a Prefetcher in the child"
+        )
+
+
+def in_main_thread() -> bool:
+    """Workers may die with this thread (PR_SET_PDEATHSIG follows the
+    thread that forked them) only if it is the main one."""
+    return threading.current_thread() is threading.main_thread()
+
+
+class SlotPinning(Protocol):
+    """A page-locked ring (fastq/torch/_pinned.py): attached once the ring
+    and its workers exist, it keeps a released slot until the device work
+    that may still read it has run, and is closed before the ring is
+    unmapped."""
+
+    @property
+    def waiting(self) -> int: ...
+    def attach(self, mapping: Any) -> None: ...
+    def hold(self, whole: np.ndarray[Any, Any], lease: Any) -> None: ...
+    def make_room(self, consumer: Any, nslots: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class Engine:
+    """What one Prefetcher or DataLoader runs on. Built in steps, because
+    without a spec the workers start before the ring exists (its slots are
+    sized from their first batch): ``start_workers``, ``build_ring``,
+    ``open_feed``, in whichever order the face needs, and ``close``.
+
+    ``pinning`` makes the face's SlotPinning, attached when the feed opens:
+    after the workers have started, so that they never inherit a
+    registered mapping.
+    """
+
+    def __init__(self, pinning: Callable[[], SlotPinning] | None = None) -> None:
+        self.pool: WorkerPool | None = None
+        self.region: Region | None = None
+        self.ring: Ring | None = None
+        self.feed: Feed | None = None
+        self.tuner: Autotuner | None = None
+        self.pinning: SlotPinning | None = None
+        self._make_pinning = pinning
+
+    # ------------------------------------------------------------ start
+
+    def start_workers(self, ctx: Any, configs: list[Any]) -> WorkerPool:
+        """The workers; they get the ring now if it exists, else later
+        (WorkerPool.send_region)."""
+        self.pool = WorkerPool(ctx, configs, self.ring)
+        return self.pool
+
+    def build_ring(
+        self, ring_slots: int, workers: int, slot_bytes: int, extra_bytes: int = 0
+    ) -> Ring:
+        """The region, sized for the ring and ``extra_bytes`` after it (a
+        plan table), and the ring at its start."""
+        size = region_size(ring_slots, workers, slot_bytes, PAGE_SIZE)
+        self.region = Region.create(size + extra_bytes)
+        self.ring = Ring.create(
+            self.region.mapping, ring_slots, workers, slot_bytes, PAGE_SIZE, SPIN_NS
+        )
+        return self.ring
+
+    def open_feed(self, spec: Any, sampler: Any, **options: Any) -> Feed:
+        """The feed over the ring, once the workers and the ring exist; a
+        page-locked ring is attached first."""
+        assert self.ring is not None and self.pool is not None
+        assert self.region is not None
+        if self._make_pinning is not None:
+            self.pinning = self._make_pinning()
+            self.pinning.attach(self.region.mapping)
+        self.feed = Feed(
+            self.ring, self.pool, spec, sampler, spin_s=SPIN_NS / 1e9, **options
+        )
+        return self.feed
+
+    def autotune(self, workers: int) -> None:
+        """workers="auto": a controller parks and wakes workers by what the
+        loop waits (fastq/_autotune.py)."""
+        feed = self.feed
+        assert self.ring is not None and feed is not None
+        self.tuner = Autotuner(
+            self.ring, workers, lambda: (feed.consumer.delivered, feed.wait_ns)
+        )
+
+    # ------------------------------------------------------------ batches
+
+    def make_room(self) -> None:
+        """Before the consumer sleeps for a batch: slots held only for
+        device work (a pinned ring's) are waited for instead."""
+        if self.pinning is not None:
+            assert self.feed is not None and self.ring is not None
+            self.pinning.make_room(self.feed.consumer, self.ring.nslots)
+
+    def held_by_loop(self) -> int:
+        """Slots whose batches the loop still references (not those only
+        waiting for device work)."""
+        assert self.feed is not None
+        held = int(self.feed.consumer.held)
+        return held - (0 if self.pinning is None else self.pinning.waiting)
+
+    # ------------------------------------------------------------ stop
+
+    def close(self) -> None:
+        """Ends every open loop, stops the tuner's thread, waits for device
+        copies from the ring and unpins it, reaps the workers (bounded),
+        then unmaps the region (also after a Ctrl+C that cut the workers'
+        grace short). The pinning stays readable, closed."""
+        if self.feed is not None:
+            # The current loop ends with an error, so that a close() from
+            # another thread cannot pass for an end.
+            self.feed.close_loops(
+                "the Prefetcher was closed while this loop was running (by "
+                "another thread, or by close() in the loop); create a new one "
+                "to go on"
+            )
+        tuner, self.tuner = self.tuner, None
+        if tuner is not None:
+            tuner.stop()  # no thread of this engine outlives close()
+        try:
+            try:
+                if self.pinning is not None:
+                    self.pinning.close()
+            finally:
+                if self.pool is not None:
+                    self.pool.close()
+                elif self.ring is not None:
+                    self.ring.close()
+        finally:
+            if self.region is not None:
+                self.region.close()
+
+    # ------------------------------------------------------------ stats
+
+    def stats(self, slots: int) -> dict[str, Any]:
+        """fastq.Prefetcher.stats() (its docstring says what each means)."""
+        feed = self.feed
+        assert feed is not None
+        c = feed.consumer
+        n = c.delivered
+        elapsed = (time.monotonic_ns() - c.t_first_ns) / 1e9 if n else 0.0
+        return {
+            "batches": n,
+            "bytes": c.delivered_bytes,
+            "seconds": elapsed,
+            "batches_per_s": n / elapsed if elapsed > 0 else 0.0,
+            "gb_per_s": c.delivered_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
+            "wait_share": min(1.0, feed.wait_ns / 1e9 / elapsed)
+            if elapsed > 0
+            else 0.0,
+            "mean_ready": c.occupancy / n if n else 0.0,
+            "slots": slots,
+            "pages": self.pages(),
+            "workers": self._worker_stats(),
+            "autotune": None if self.tuner is None else self.tuner.report(),
+        }
+
+    def _worker_stats(self) -> list[dict[str, Any]]:
+        if self.pool is None or self.ring is None:
+            return []
+        held = dict(self.pool.holders())
+        stats = []
+        for w, pid in enumerate(self.pool.pids):
+            batches, busy, wait, _ = self.ring.worker_stats(w)
+            stats.append(
+                {
+                    "pid": pid,
+                    "batches": batches,
+                    "busy_s": busy / 1e9,
+                    "wait_s": wait / 1e9,
+                    "task": held.get(w, -1),
+                }
+            )
+        return stats
+
+    def pages(self) -> dict[str, Any]:
+        """What backs the ring: its kind, and the bytes of it this process
+        maps with huge pages (from /proc/self/smaps)."""
+        region = self.region
+        if region is None:
+            return {"kind": None, "bytes": 0, "huge_bytes": 0}
+        return {
+            "kind": region.pages,
+            "bytes": region.size,
+            "huge_bytes": region.huge_bytes(),
+        }
