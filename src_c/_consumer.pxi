@@ -164,28 +164,18 @@ cdef class Consumer:
         slice, for a slot on READY and files it: 0, or TIMEOUT (also after
         a signal, whose handler has run), CLOSED or ALERT. Signal handlers
         run only while no slot is in hand."""
-        cdef uint32_t s = 0
-        cdef int rc
-        cdef int64_t ns = WAIT_SLICE_NS
-        cdef unsigned abort = FQ_ABORT_ON_CLOSE | FQ_ABORT_ON_ALERT
-        if timeout >= 0 and timeout * 1e9 < ns:
-            ns = <int64_t>(timeout * 1e9)
-        if self.ndeferred and ns > DEFERRED_RETRY_NS:
-            ns = DEFERRED_RETRY_NS
+        cdef Wait w = queue_wait(&self.ring.ring, FQ_READY, 0,
+                                 FQ_OWNER(FQ_OWNER_CONSUMER, 0),
+                                 FQ_ABORT_ON_CLOSE | FQ_ABORT_ON_ALERT)
         if not spin:
-            abort |= FQ_NO_SPIN
-        with nogil:
-            rc = fq_pop(&self.ring.ring, FQ_READY, &s,
-                        FQ_OWNER(FQ_OWNER_CONSUMER, 0), ns, abort)
+            w.abort |= FQ_NO_SPIN
+        cdef int rc = wait_in_slices(
+            _pop_slice, &w, timeout,
+            DEFERRED_RETRY_NS if self.ndeferred else WAIT_SLICE_NS, True)
         if rc == FQ_OK:
-            self._file(s, lo, hi, ordered)
+            self._file(w.slot, lo, hi, ordered)
             return 0
-        if rc == FQ_CLOSED or rc == FQ_ALERT:
-            return -rc
-        if rc == FQ_EINTR or rc == FQ_TIMEOUT:
-            PyErr_CheckSignals()
-            return -FQ_TIMEOUT
-        check(rc)
+        return -rc
 
     cdef bint _file(self, uint32_t s, uint64_t lo, uint64_t hi,
                     bint ordered) except -1:

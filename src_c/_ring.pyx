@@ -19,7 +19,7 @@ from fq_ring cimport *
 from fastq.errors import RingError
 
 # Every blocking call sleeps at most this long before coming back for the
-# GIL: to run signal handlers (Ctrl+C) and let the caller re-check liveness.
+# GIL (NOTE [ Waiting in slices ]).
 DEF WAIT_SLICE_NS = 100_000_000
 
 FREE = FQ_FREE
@@ -65,6 +65,87 @@ cdef int check(int rc) except -1:
         PyErr_SetFromErrno(OSError)
         return -1
     raise RingError(f"unknown ring status {rc}")
+
+
+# NOTE [ Waiting in slices ]
+# Every blocking call runs through wait_in_slices: it drops the GIL, sleeps
+# in C for at most one slice (WAIT_SLICE_NS, or less: the time its timeout
+# has left, or a caller's shorter bound), then takes the GIL back to run
+# signal handlers (PyErr_CheckSignals, as CPython's semlock_acquire does
+# after EINTR), so that Ctrl+C raises from inside the wait. A slice ended
+# by a signal (FQ_EINTR) or by its time (FQ_TIMEOUT) is not an answer: a
+# call that loops sleeps again until the C wait answers or its deadline
+# has passed; a call of one slice answers FQ_TIMEOUT, so that its Python
+# caller can look at the workers' liveness and its own deadline before it
+# waits again. Signal handlers never run once the C wait has answered: a
+# popped slot is then in hand, and must be filed before Python code runs.
+
+# The arguments of one C wait, which a slice call passes on.
+cdef struct Wait:
+    fq_ring *ring
+    fq_queue_id queue  # pops and pushes: which queue
+    uint32_t slot      # pops: the slot taken; pushes: the slot to push
+    uint32_t owner     # pops and pushes: the census word to record
+    unsigned abort     # pops and pushes: FQ_ABORT_* and FQ_NO_SPIN
+    uint64_t word      # fq_wait_planned: the task; fq_wait_control: seen
+
+cdef inline Wait queue_wait(fq_ring *ring, fq_queue_id queue, uint32_t slot,
+                            uint32_t owner, unsigned abort) noexcept:
+    return Wait(ring=ring, queue=queue, slot=slot, owner=owner, abort=abort,
+                word=0)
+
+cdef inline Wait word_wait(fq_ring *ring, uint64_t word) noexcept:
+    return Wait(ring=ring, queue=FQ_FREE, slot=0, owner=0, abort=0, word=word)
+
+# One slice of a C wait, at most slice_ns long, without the GIL.
+ctypedef int (*slice_call)(Wait *w, int64_t slice_ns) noexcept nogil
+
+cdef int _pop_slice(Wait *w, int64_t slice_ns) noexcept nogil:
+    return fq_pop(w.ring, w.queue, &w.slot, w.owner, slice_ns, w.abort)
+
+cdef int _push_slice(Wait *w, int64_t slice_ns) noexcept nogil:
+    return fq_push(w.ring, w.queue, w.slot, w.owner, slice_ns, w.abort)
+
+cdef int _planned_slice(Wait *w, int64_t slice_ns) noexcept nogil:
+    return fq_wait_planned(w.ring, w.word, slice_ns)
+
+cdef int _control_slice(Wait *w, int64_t slice_ns) noexcept nogil:
+    return fq_wait_control(w.ring, <uint32_t>w.word, slice_ns)
+
+
+cdef inline int wait_in_slices(slice_call call, Wait *w, double timeout,
+                               int64_t max_slice_ns, bint one_slice) except -1:
+    """Runs `call` in slices of at most max_slice_ns (NOTE [ Waiting in
+    slices ]) until it answers, or `timeout` seconds (< 0: no limit) have
+    passed, or after one slice with `one_slice`. Returns its answer (an
+    error raised through check) or FQ_TIMEOUT; raises what a signal handler
+    raises."""
+    cdef int rc
+    cdef int64_t slice_ns = max_slice_ns
+    cdef uint64_t now, deadline = 0
+    if timeout >= 0:
+        if timeout * 1e9 < slice_ns:
+            slice_ns = <int64_t>(timeout * 1e9)
+        if not one_slice:
+            deadline = fq_now_ns() + <uint64_t>(timeout * 1e9)
+    while True:
+        with nogil:
+            rc = call(w, slice_ns)
+        if rc != FQ_EINTR and rc != FQ_TIMEOUT:
+            return check(rc)
+        PyErr_CheckSignals()
+        if one_slice:
+            return FQ_TIMEOUT
+        if timeout >= 0:
+            now = fq_now_ns()
+            if now >= deadline:
+                if rc == FQ_TIMEOUT:
+                    return FQ_TIMEOUT
+                slice_ns = 0
+            elif deadline - now < <uint64_t>max_slice_ns:
+                slice_ns = <int64_t>(deadline - now)
+            else:
+                slice_ns = max_slice_ns
 
 
 def region_size(uint32_t nslots, uint32_t nworkers, uint64_t slot_bytes,
@@ -167,35 +248,14 @@ cdef class Ring:
     def pop_free(self, uint32_t worker, double timeout=-1.0):
         """Worker `worker` takes a slot: its index, or CLOSED / TIMEOUT."""
         self._check_worker(worker)
-        cdef uint32_t slot = 0
-        cdef int rc
-        cdef int64_t slice_ns
-        cdef uint64_t now = fq_now_ns()
-        cdef uint64_t deadline = 0
-        cdef uint32_t owner = FQ_OWNER(FQ_OWNER_WORKER, worker)
-        if timeout >= 0:
-            deadline = now + <uint64_t>(timeout * 1e9)
-        while True:
-            slice_ns = WAIT_SLICE_NS
-            if timeout >= 0:
-                if now >= deadline:
-                    slice_ns = 0
-                elif deadline - now < <uint64_t>slice_ns:
-                    slice_ns = <int64_t>(deadline - now)
-            with nogil:
-                rc = fq_pop(&self.ring, FQ_FREE, &slot, owner, slice_ns,
-                            FQ_ABORT_ON_CLOSE)
-            if rc == FQ_OK:
-                return <int>slot
-            if rc == FQ_CLOSED:
-                return -rc
-            if rc == FQ_EINTR or rc == FQ_TIMEOUT:
-                PyErr_CheckSignals()
-                now = fq_now_ns()
-                if rc == FQ_TIMEOUT and timeout >= 0 and now >= deadline:
-                    return -FQ_TIMEOUT
-                continue
-            check(rc)
+        cdef Wait w = queue_wait(&self.ring, FQ_FREE, 0,
+                                 FQ_OWNER(FQ_OWNER_WORKER, worker),
+                                 FQ_ABORT_ON_CLOSE)
+        cdef int rc = wait_in_slices(_pop_slice, &w, timeout, WAIT_SLICE_NS,
+                                     False)
+        if rc == FQ_OK:
+            return <int>w.slot
+        return -rc
 
     def claim_task(self, uint32_t slot):
         """The next task number, recorded in the census of `slot` (which
@@ -224,18 +284,9 @@ cdef class Ring:
     def wait_planned(self, uint64_t task):
         """A worker waits until `task` is planned: True, or False once the
         ring is closed. Slices of WAIT_SLICE_NS let signals through."""
-        cdef int rc
-        while True:
-            with nogil:
-                rc = fq_wait_planned(&self.ring, task, WAIT_SLICE_NS)
-            if rc == FQ_OK:
-                return True
-            if rc == FQ_CLOSED:
-                return False
-            if rc == FQ_EINTR or rc == FQ_TIMEOUT:
-                PyErr_CheckSignals()
-                continue
-            check(rc)
+        cdef Wait w = word_wait(&self.ring, task)
+        return wait_in_slices(_planned_slice, &w, -1.0, WAIT_SLICE_NS,
+                              False) == FQ_OK
 
     cdef void *_plan_entry(self, uint64_t offset, uint64_t nbytes) except NULL:
         if offset % 8 or offset + nbytes > <uint64_t>self.buf.len:
@@ -274,17 +325,12 @@ cdef class Ring:
         h.sample = sample
         h.payload_bytes = payload_bytes
         cdef uint32_t owner = FQ_OWNER(FQ_OWNER_READY, worker)
-        cdef int rc = fq_try_push(&self.ring, FQ_READY, slot, owner)
-        while rc == FQ_EBUSY or rc == FQ_TIMEOUT:
-            with nogil:
-                rc = fq_push(&self.ring, FQ_READY, slot, owner,
-                             WAIT_SLICE_NS, FQ_ABORT_ON_CLOSE)
-            if rc == FQ_TIMEOUT:
-                PyErr_CheckSignals()
-        if rc == FQ_CLOSED:
-            return False
-        check(rc)
-        return True
+        if fq_try_push(&self.ring, FQ_READY, slot, owner) == FQ_OK:
+            return True
+        cdef Wait w = queue_wait(&self.ring, FQ_READY, slot, owner,
+                                 FQ_ABORT_ON_CLOSE)
+        return wait_in_slices(_push_slice, &w, -1.0, WAIT_SLICE_NS,
+                              False) != FQ_CLOSED
 
     def slot_view(self, uint32_t slot):
         """A writable buffer over the slot's data for a worker's writes."""
@@ -369,20 +415,11 @@ cdef class Ring:
         return fq_control(&self.ring)
 
     def wait_control(self, uint32_t seen, double timeout):
-        """Waits for a new pass or close; True if control moved or closed."""
-        cdef int rc
-        cdef int64_t t = WAIT_SLICE_NS
-        if 0 <= timeout * 1e9 < WAIT_SLICE_NS:
-            t = <int64_t>(timeout * 1e9)
-        with nogil:
-            rc = fq_wait_control(&self.ring, seen, t)
-        if rc == FQ_EINTR:
-            PyErr_CheckSignals()
-            return False
-        if rc == FQ_TIMEOUT:
-            return False
-        check(rc)
-        return True
+        """Waits for a new pass or close, one slice at most; True if control
+        moved or closed."""
+        cdef Wait w = word_wait(&self.ring, seen)
+        return wait_in_slices(_control_slice, &w, timeout, WAIT_SLICE_NS,
+                              True) != FQ_TIMEOUT
 
     # ------------------------------------------------------- worker table
 

@@ -30,8 +30,6 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
 _Static_assert(ATOMIC_LONG_LOCK_FREE == 2 || sizeof(long) < 8,
                "64-bit atomics must be lock-free");
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free");
-_Static_assert(sizeof(fq_slot_header) == FQ_CACHE_LINE,
-               "a slot header fills exactly one cache line");
 
 /* ---------------------------------------------------------------- helpers */
 

@@ -6,10 +6,10 @@
  * Region layout (every offset computed by fq_layout; "CL" = 64-byte line):
  *
  *   +-------------------------------+ 0
- *   | fq_ctrl                       |  geometry, flags, task counter, and the
+ *   | fq_ctrl (640 B = 10 CL)       |  geometry, flags, task counter, and the
  *   |   free  queue head/tail/wait  |  two queues' positions and event counts,
  *   |   ready queue head/tail/wait  |  each hot word on its own cache line
- *   +-------------------------------+ cells_offset
+ *   +-------------------------------+ cells_offset (= 640)
  *   | FREE  cells  [capacity] x 16B |  Vyukov cells: {seq, slot}
  *   | READY cells  [capacity] x 16B |
  *   +-------------------------------+ headers_offset
@@ -21,6 +21,32 @@
  *   | slot 1 data                   |  a page, so every slot starts on a page
  *   | ...                           |
  *   +-------------------------------+ region_bytes
+ *
+ * Inside the shared structs (byte offsets from the struct's start):
+ *
+ *   fq_ctrl          0 magic         8 version       12 nslots
+ *   (640 B,         16 nworkers     20 capacity      24 slot_bytes
+ *    CL-aligned)    32 slot_stride  40 cells_offset  48 headers_offset
+ *                   56 workers_offset  64 data_offset  72 region_bytes
+ *                   80 spin_ns                    (the geometry, 2 CL)
+ *                  128 closed  132 alert  136 control  140 pass
+ *                  144 plan_waiters  148 active  152 planned  (1 CL)
+ *                  192 next_task                              (1 CL)
+ *                  256 queues[FQ_FREE]   448 queues[FQ_READY]
+ *   fq_queue         0 head   64 tail   128 wake_seq   132 waiters
+ *   (192 B, 3 CL)    (enqueuers, dequeuers and sleepers never share a line)
+ *   fq_cell          0 seq     8 slot                         (16 B)
+ *   fq_slot_header   0 task    8 owner  12 pass   16 rows   24 payload_bytes
+ *   (64 B = 1 CL)   32 worker 36 kind   40 sample
+ *   fq_worker_entry  0 batches 8 busy_ns 16 wait_ns 24 pid    (64 B = 1 CL)
+ *
+ * Every number in these two drawings is pinned by a _Static_assert after
+ * the structs. The layout is a contract between processes and with what
+ * reads the region by offset (a test forges a census word at byte 8 of a
+ * header), and its cache-line separations keep the workers' hot words off
+ * the consumer's; so a field moved by accident (an edit, another compiler
+ * or ABI) fails the build rather than a run on another machine. Moving one
+ * on purpose changes the drawing, the assert and FQ_VERSION together.
  *
 * Protocol. N = nslots. Every slot index is, at any instant, in exactly one
  * of these places:
@@ -314,6 +340,83 @@ typedef struct fq_worker_entry {
     _Atomic uint64_t wait_ns; /* time waiting for a free slot */
     _Atomic int32_t pid;      /* the worker's pid, once started */
 } fq_worker_entry;
+
+/* The layout drawn at the top of this file, pinned (see there). */
+#define FQ_PIN_AT(type, field, offset)                                  \
+    _Static_assert(offsetof(type, field) == (offset),                   \
+                   #type "." #field " must sit at byte " #offset        \
+                   " (see the drawing in fq_ring.h; bump FQ_VERSION)")
+#define FQ_PIN_SIZE(type, bytes)                                        \
+    _Static_assert(sizeof(type) == (bytes),                             \
+                   #type " must be " #bytes " bytes (see the drawing "  \
+                   "in fq_ring.h; bump FQ_VERSION)")
+
+FQ_PIN_AT(fq_ctrl, magic, 0);
+FQ_PIN_AT(fq_ctrl, version, 8);
+FQ_PIN_AT(fq_ctrl, nslots, 12);
+FQ_PIN_AT(fq_ctrl, nworkers, 16);
+FQ_PIN_AT(fq_ctrl, capacity, 20);
+FQ_PIN_AT(fq_ctrl, slot_bytes, 24);
+FQ_PIN_AT(fq_ctrl, slot_stride, 32);
+FQ_PIN_AT(fq_ctrl, cells_offset, 40);
+FQ_PIN_AT(fq_ctrl, headers_offset, 48);
+FQ_PIN_AT(fq_ctrl, workers_offset, 56);
+FQ_PIN_AT(fq_ctrl, data_offset, 64);
+FQ_PIN_AT(fq_ctrl, region_bytes, 72);
+FQ_PIN_AT(fq_ctrl, spin_ns, 80);
+FQ_PIN_AT(fq_ctrl, closed, 128);
+FQ_PIN_AT(fq_ctrl, alert, 132);
+FQ_PIN_AT(fq_ctrl, control, 136);
+FQ_PIN_AT(fq_ctrl, pass, 140);
+FQ_PIN_AT(fq_ctrl, plan_waiters, 144);
+FQ_PIN_AT(fq_ctrl, active, 148);
+FQ_PIN_AT(fq_ctrl, planned, 152);
+FQ_PIN_AT(fq_ctrl, next_task, 192);
+FQ_PIN_AT(fq_ctrl, queues, 256);
+_Static_assert(offsetof(fq_ctrl, queues) + FQ_READY * sizeof(fq_queue) == 448,
+               "fq_ctrl.queues[FQ_READY] must sit at byte 448 (see the "
+               "drawing in fq_ring.h; bump FQ_VERSION)");
+FQ_PIN_SIZE(fq_ctrl, 640);
+_Static_assert(alignof(fq_ctrl) == FQ_CACHE_LINE,
+               "fq_ctrl starts on a cache line, so its lines are the "
+               "region's");
+
+/* Enqueuers (head), dequeuers (tail) and sleepers (wake_seq, waiters)
+ * each on their own line, in each queue: no false sharing between the
+ * workers' and the consumer's ends of a queue. */
+FQ_PIN_AT(fq_queue, head, 0);
+FQ_PIN_AT(fq_queue, tail, 64);
+FQ_PIN_AT(fq_queue, wake_seq, 128);
+FQ_PIN_AT(fq_queue, waiters, 132);
+FQ_PIN_SIZE(fq_queue, 192);
+_Static_assert(alignof(fq_queue) == FQ_CACHE_LINE,
+               "each fq_queue starts on a cache line");
+
+FQ_PIN_AT(fq_cell, seq, 0);
+FQ_PIN_AT(fq_cell, slot, 8);
+FQ_PIN_SIZE(fq_cell, 16); /* the cell tables' stride */
+
+/* One cache line per slot (the table's stride), so a worker's header
+ * stores never share a line with another slot's. */
+FQ_PIN_AT(fq_slot_header, task, 0);
+FQ_PIN_AT(fq_slot_header, owner, 8);
+FQ_PIN_AT(fq_slot_header, pass, 12);
+FQ_PIN_AT(fq_slot_header, rows, 16);
+FQ_PIN_AT(fq_slot_header, payload_bytes, 24);
+FQ_PIN_AT(fq_slot_header, worker, 32);
+FQ_PIN_AT(fq_slot_header, kind, 36);
+FQ_PIN_AT(fq_slot_header, sample, 40);
+FQ_PIN_SIZE(fq_slot_header, 64);
+
+/* One cache line per worker: each entry is written by its worker only. */
+FQ_PIN_AT(fq_worker_entry, batches, 0);
+FQ_PIN_AT(fq_worker_entry, busy_ns, 8);
+FQ_PIN_AT(fq_worker_entry, wait_ns, 16);
+FQ_PIN_AT(fq_worker_entry, pid, 24);
+FQ_PIN_SIZE(fq_worker_entry, 64);
+
+#undef FQ_PIN_AT
+#undef FQ_PIN_SIZE
 
 typedef struct fq_geometry {
     uint32_t nslots;

@@ -1,5 +1,8 @@
-# The C layer's contract, as Cython sees it. fq_ring.h holds the protocol;
-# each shared field below says who writes it and why it exists.
+# The C layer's contract, as Cython sees it. fq_ring.h holds the protocol
+# and the shared structs' layout (drawn, and pinned by static asserts);
+# Cython takes the layout from there, so the structs below name, in the
+# header's order, only the fields this layer reads or writes. Each shared
+# field says who writes it and why it exists.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 
@@ -66,9 +69,9 @@ cdef extern from "fq_ring.h" nogil:
     ctypedef struct fq_slot_header:
         uint64_t task           # the worker's claim: task number (atomic)
         uint32_t owner          # each queue operation: census word (atomic)
+        uint32_t pass_ "pass"   # the worker: pass of a callable source
         uint64_t rows           # the worker: batch rows written
         uint64_t payload_bytes  # the worker: bytes of an error report
-        uint32_t pass_ "pass"   # the worker: pass of a callable source
         int32_t worker          # the worker: its id
         uint32_t kind           # the worker: fq_slot_kind
         uint32_t sample         # the worker: failing sample's position
