@@ -85,13 +85,7 @@ class PlannedLoader:
         self._closed = True
         self._engine = Engine(pinning)
         self._is_map = first is not None
-        self._codec = source.codec
-        # Batches alive at a hand-out before the rest are copied: a `for`
-        # loop has two then (the body's last one and the new one), three if
-        # it keeps the previous one; one slot always stays for the workers.
-        self._keep_limit = max(3, slots)
-        self._warned_keeping = False
-        self._convert = make_batch
+        self._batches = _PackedBatches(self._engine, source.codec, slots, make_batch)
         self.ordered = ordered
         self.timeout = timeout
         self.workers = workers
@@ -313,36 +307,7 @@ class PlannedLoader:
     # ------------------------------------------------------------- batches
 
     def _unpack(self, lease: SlotLease) -> Any:
-        slot = np.frombuffer(memoryview(lease), dtype=np.uint8)
-        batch = unpack(slot, lease.payload_bytes, self._codec)
-        engine = self._engine
-        if engine.pinning is not None:
-            engine.pinning.hold(slot, lease)
-        del slot
-        if engine.held_by_loop() >= self._keep_limit:
-            # The loop keeps its batches (list(loader), a running list of
-            # outputs): from here on each batch is copied and its slot
-            # returned at once, so the workers never run out of slots.
-            batch = self._copied(batch)
-        if self._convert is not None:
-            return self._convert(batch)
-        return batch
-
-    def _copied(self, batch: Any) -> Any:
-        if not self._warned_keeping:
-            self._warned_keeping = True
-            warnings.warn(
-                f"{self._feed.consumer.held} batches are still referenced, of "
-                f"the {self._ring.nslots} slots: from now on batches are "
-                "copied out of the ring (slower). If you keep batches on "
-                "purpose, raise slots=; if not, drop references to old ones",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        try:
-            return copy.deepcopy(batch)
-        except Exception:  # an object that cannot be copied: keep the views
-            return batch
+        return self._batches.make(lease)
 
     def _reclaim_slots(self) -> None:
         self._engine.make_room()
@@ -394,6 +359,62 @@ class PlannedLoader:
     @property
     def _feed(self) -> Any:
         return self._engine.feed
+
+
+class _PackedBatches:
+    """A packed slot's batch as the loop gets it: rebuilt over the slot,
+    held for device work when the ring is pinned, copied out once the loop
+    keeps too many, converted (pinned) by ``convert``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        codec: Codec,
+        slots: int,
+        convert: Callable[[Any], Any] | None,
+    ) -> None:
+        self._engine = engine
+        self._codec = codec
+        # Batches alive at a hand-out before the rest are copied: a `for`
+        # loop has two then (the body's last one and the new one), three if
+        # it keeps the previous one; one slot always stays for the workers.
+        self._keep_limit = max(3, slots)
+        self._warned_keeping = False
+        self._convert = convert
+
+    def make(self, lease: SlotLease) -> Any:
+        slot = np.frombuffer(memoryview(lease), dtype=np.uint8)
+        batch = unpack(slot, lease.payload_bytes, self._codec)
+        engine = self._engine
+        if engine.pinning is not None:
+            engine.pinning.hold(slot, lease)
+        del slot
+        if engine.held_by_loop() >= self._keep_limit:
+            # The loop keeps its batches (list(loader), a running list of
+            # outputs): from here on each batch is copied and its slot
+            # returned at once, so the workers never run out of slots.
+            batch = self._copied(batch)
+        if self._convert is not None:
+            return self._convert(batch)
+        return batch
+
+    def _copied(self, batch: Any) -> Any:
+        if not self._warned_keeping:
+            self._warned_keeping = True
+            feed, ring = self._engine.feed, self._engine.ring
+            assert feed is not None and ring is not None
+            warnings.warn(
+                f"{feed.consumer.held} batches are still referenced, of "
+                f"the {ring.nslots} slots: from now on batches are "
+                "copied out of the ring (slower). If you keep batches on "
+                "purpose, raise slots=; if not, drop references to old ones",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        try:
+            return copy.deepcopy(batch)
+        except Exception:  # an object that cannot be copied: keep the views
+            return batch
 
 
 class _PlannedEpochIterator:

@@ -1,13 +1,10 @@
-"""Prefetcher: the public object. Arguments, lifecycle and stats; the
-consumer's loop lives in _consumer."""
+"""Prefetcher: the public object. Its arguments (checked in _arguments),
+its state and its epochs; the machinery is its engine (_engine, _launch)."""
 
 from __future__ import annotations
 
 import contextlib
-import operator
 import os
-import secrets
-import sys
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -15,31 +12,23 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from ._autotune import AUTO_START, cpu_budget
+from ._arguments import as_int, resolve, spare_one
+from ._autotune import cpu_budget
 from ._consumer import Feed
-from ._engine import Engine, SlotPinning, check_open, in_main_thread
-from ._first_batch import claim_kept, first_plan, receive_map_spec
-from ._pool import WorkerPool, get_context
-from ._ring import MAX_SLOTS, MAX_WORKERS, BatchViews, Ring
-from ._sampler import EpochSampler
+from ._engine import Engine, SlotPinning, check_open
+from ._launch import launch
+from ._pool import WorkerPool
+from ._ring import BatchViews, Ring
 from ._shm import Region
 from ._spec import BatchSpec
 from ._state import (
     Resume,
-    StreamResume,
     check_state,
     check_stream_state,
     make_state,
     make_stream_state,
 )
-from ._streams import check_stream_source, check_thread_sharding
-from ._thread_workers import ThreadContext
-from ._worker import WorkerConfig
 from .errors import ConfigError
-
-# Room in every slot for an error report, however small the batch.
-_MIN_SLOT_BYTES = 64 * 1024
-
 
 _P = TypeVar("_P", bound="Prefetcher")
 
@@ -56,121 +45,7 @@ def _cpus_per_rank() -> int:
 
 def default_workers() -> int:
     """This rank's CPUs less one for the training loop, at least 1."""
-    return max(1, _cpus_per_rank() - 1)
-
-
-def _is_auto(workers: Any, is_map: bool) -> bool:
-    """workers="auto", refused where workers cannot be parked."""
-    if not isinstance(workers, str):
-        return False
-    if workers != "auto":
-        raise ConfigError(
-            f'workers={workers!r}: expected a positive integer or "auto"; '
-            'use workers=4, say, or workers="auto"'
-        )
-    if not is_map:
-        raise ConfigError(
-            "workers=\"auto\": a stream source's pass needs every worker's "
-            "stream to its end, so none can be parked; choose workers=N, or "
-            "use a map-style dataset (__getitem__ and __len__)"
-        )
-    return True
-
-
-def _positive_int(name: str, value: Any, fix: str, upper: int | None = None) -> int:
-    # Any integer type (numpy's included: anything with __index__), not bool.
-    number = _as_int(value)
-    if number is None or number < 1:
-        raise ConfigError(f"{name}={value!r}: expected a positive integer; {fix}")
-    if upper is not None and number > upper:
-        raise ConfigError(f"{name}={value!r}: at most {upper} are supported; {fix}")
-    return number
-
-
-def _as_int(value: Any) -> int | None:
-    """value as an int if it is an integer (int, numpy integers: anything
-    with __index__) and not a bool; else None."""
-    if isinstance(value, (bool, np.bool_)):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
-
-
-_EMPTY_SOURCE = (
-    "source has no samples (len(source) == 0), so an epoch has no batch; "
-    "check what built the dataset (a path, a filter) and give it samples"
-)
-
-
-def _no_batch_error(sampler: EpochSampler) -> ConfigError:
-    """Why an epoch of a map-style source has no batch, and the fix."""
-    if sampler.n == 0:
-        return ConfigError(_EMPTY_SOURCE)
-    # A non-empty source gives every rank at least one sample unless
-    # drop_last cuts them, and then a batch at least unless drop_last drops it.
-    have = f"len(source)={sampler.n} samples"
-    if sampler.world_size > 1:
-        have += (
-            f" split across world_size={sampler.world_size} ranks leave each "
-            f"rank {sampler.per_rank}"
-        )
-    return ConfigError(
-        f"batch_size={sampler.batch_size} with drop_last=True leaves no batch: "
-        f"{have}, fewer than one batch; lower batch_size or set drop_last=False"
-    )
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(
-            f"environment variable {name}={raw!r}: expected an integer (as torchrun "
-            f"sets it); fix or unset it, or pass {name.lower()}= explicitly"
-        ) from None
-
-
-def _resolve_ranks(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is None or world_size is None:
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
-        else:
-            if (
-                rank is None
-                and "RANK" not in os.environ
-                and _env_int("WORLD_SIZE", 1) > 1
-            ):
-                # A launcher (Lightning's, a cluster's) that set only
-                # WORLD_SIZE: taking rank 0 would make every rank read rank
-                # 0's shard, silently.
-                raise ConfigError(
-                    f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set but RANK is "
-                    "not, so this process's rank is unknown. Create the "
-                    "Prefetcher after torch.distributed.init_process_group() "
-                    "(its rank is used then), set RANK, or pass rank= and "
-                    "world_size="
-                )
-            rank = _env_int("RANK", 0) if rank is None else rank
-            world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
-    world_size = _positive_int(
-        "world_size", world_size, "give the number of ranks (>= 1)"
-    )
-    number = _as_int(rank)
-    if number is None or not 0 <= number < world_size:
-        raise ConfigError(
-            f"rank={rank!r}: expected 0 <= rank < world_size={world_size}; pass "
-            "the process's rank among world_size ranks (without arguments both "
-            "come from torch.distributed or the RANK and WORLD_SIZE environment "
-            "variables)"
-        )
-    return number, world_size
+    return spare_one(_cpus_per_rank())
 
 
 class Prefetcher:
@@ -293,214 +168,57 @@ class Prefetcher:
         self._closed = True  # until construction completes
         self._engine = Engine()
 
-        self._source = source
-        self._is_map = _is_map_style(source)
-        if not self._is_map:
-            check_stream_source(source)
-        self._auto = _is_auto(workers, self._is_map)
-        if self._auto:
-            workers = min(_cpus_per_rank(), MAX_WORKERS)
-        workers = _positive_int(
-            "workers",
-            default_workers() if workers is None else workers,
-            'use workers=1 or more, or workers="auto"',
-            MAX_WORKERS,
+        settings = self._settings = resolve(
+            source,
+            batch_size,
+            workers,
+            slots,
+            spec,
+            ordered,
+            shuffle,
+            seed,
+            drop_last,
+            start_method,
+            worker_init,
+            timeout,
+            copy,
+            rank,
+            world_size,
+            worker_threads,
+            state,
+            worker_method,
+            shuffle_buffer,
+            _cpus_per_rank(),
         )
-        slots = _positive_int(
-            "slots",
-            max(2, 2 * workers) if slots is None else slots,
-            "use slots=1 or more (two per worker keeps every worker busy)",
-            MAX_SLOTS - 1,
-        )
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or timeout <= 0
-        ):
-            raise ConfigError(f"timeout={timeout!r}: expected seconds > 0, or None")
-        if worker_init is not None and not callable(worker_init):
-            raise ConfigError(
-                f"worker_init={worker_init!r}: expected a callable taking the worker id"
-            )
-        if worker_threads is not None:
-            worker_threads = _positive_int(
-                "worker_threads", worker_threads, "or None to leave them"
-            )
-        rank, world_size = _resolve_ranks(rank, world_size)
-        if seed is None and isinstance(state, dict):
-            seed = state.get("seed")  # checked with the rest of the state
-        if seed is None:
-            seed = 0 if world_size > 1 else secrets.randbits(63)
-        elif isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"seed={seed!r}: expected an int or None")
-        ctx = _worker_context(worker_method, start_method)
-
-        self._sampler: EpochSampler | None = None
-        resume: Resume | None = None
-        # A callable source's state: each worker's items to pass over.
-        self._stream_resume: StreamResume | None = None
-        # A sample stream: batch_size samples to a batch (0: whole batches).
-        stream_rows = 0
-        known: BatchSpec | None  # None: a worker infers it
-        if self._is_map:
-            if shuffle_buffer is not None:
-                raise ConfigError(
-                    f"shuffle_buffer={shuffle_buffer!r}: a map-style source is "
-                    "shuffled whole each epoch; use shuffle=True (shuffle_buffer "
-                    "is for streams of samples)"
-                )
-            rows = _map_rows(batch_size)
-            # Without spec=, worker 0 infers it from the run's first batch
-            # (NOTE [ The kept first batch ] in fastq/_first_batch.py);
-            # only len() runs here.
-            known = None if spec is None else BatchSpec.from_user(spec, rows)
-            if known is None and not hasattr(source, "__getitem__"):
-                raise ConfigError(
-                    f"spec=None: {type(source).__name__} has fill_batch but no "
-                    "__getitem__, so there is no sample to learn the batch's "
-                    "fields from, and fill_batch writes into arrays that must "
-                    "exist first; pass spec={name: (shape, dtype)} for one "
-                    "sample (e.g. spec={'image': ((3, 224, 224), 'uint8'), "
-                    "'label': ((), 'int64')}), or give the dataset a __getitem__"
-                )
-            self._sampler = EpochSampler(
-                len(source),
-                rows,
-                shuffle=shuffle,
-                seed=seed,
-                drop_last=drop_last,
-                rank=rank,
-                world_size=world_size,
-            )
-            if self._sampler.batches_per_epoch == 0:
-                raise _no_batch_error(self._sampler)
-            if state is not None:
-                resume = check_state(state, self._sampler)
-                self._sampler.reshard = resume.reshard
-        else:
-            stream_rows, shuffle_buffer = _stream_batching(
-                batch_size, shuffle, drop_last, shuffle_buffer
-            )
-            if worker_method == "thread":
-                check_thread_sharding(source, workers)
-            if state is not None:
-                self._stream_resume = check_stream_state(
-                    state,
-                    workers=workers,
-                    rank=rank,
-                    world_size=world_size,
-                    sample_stream=bool(stream_rows),
-                    shuffle_buffer=shuffle_buffer,
-                    seed=seed,
-                )
-            known = None  # a worker infers it; the source never runs here
-            if spec is not None:
-                known = BatchSpec.from_user(spec, stream_rows or None)
-
-        self.ordered = bool(ordered)
-        self.copy = bool(copy)
-        self.timeout = None if timeout is None else float(timeout)
-        self.workers = workers
-        self.slots = slots
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
-        self.drop_last = bool(drop_last)
-        self.shuffle_buffer = shuffle_buffer or 0
-        self._stream_rows = stream_rows
-        self._engine_args = (ctx, known, worker_init, worker_threads)
-        try:
-            self._start_engine(resume)
-        except BaseException:
-            self._engine.close()
-            raise
+        self._is_map = settings.is_map
+        self._sampler = settings.sampler
+        self._stream_resume = settings.stream_resume
+        self._stream_rows = settings.stream_rows
+        self.ordered = settings.ordered
+        self.copy = settings.copy
+        self.timeout = settings.timeout
+        self.workers = settings.workers
+        self.slots = settings.slots
+        self.seed = settings.seed
+        self.rank = settings.rank
+        self.world_size = settings.world_size
+        self.drop_last = settings.drop_last
+        self.shuffle_buffer = settings.shuffle_buffer
+        self._start_engine(settings.resume)
         self._closed = False
 
     def _start_engine(self, resume: Resume | None) -> None:
-        """Starts the workers, the ring and the feed; with ``resume``, the
-        workers begin at its first batch (the skipped ones are never made)."""
-        ctx, known, worker_init, worker_threads = self._engine_args
-        workers = self.workers
-        engine = self._engine = Engine(self._pinning())
-
-        def config(w: int, region: Any, size: int) -> WorkerConfig:
-            return WorkerConfig(
-                worker_id=w,
-                num_workers=workers,
-                source=self._source,
-                is_map=self._is_map,
-                spec=known,
-                sampler=self._sampler,
-                seed=self.seed,
-                rank=self.rank,
-                world_size=self.world_size,
-                worker_init=worker_init,
-                region=region,
-                region_size=size,
-                consumer_pid=self._pid,
-                threads=worker_threads,
-                death_signal=in_main_thread(),
-                stream_rows=self._stream_rows,
-                drop_last=self.drop_last,
-                shuffle_buffer=self.shuffle_buffer,
-                resume_items=0 if stream is None else stream.items[w],
-                first_pass=0 if stream is None else stream.pass_,
-            )
-
-        stream = self._stream_resume
-        if known is None:
-            # No spec=: worker 0 infers it from its first item (a map-style
-            # source's: its first batch); the ring is made once it is known.
-            first = None
-            if self._is_map:
-                assert self._sampler is not None
-                first = first_plan(self._sampler, resume)
-            configs = [config(w, None, 0) for w in range(workers)]
-            configs[0].first_plan = first
-            pool = engine.start_workers(ctx, configs)
-            if first is not None:
-                self._spec = receive_map_spec(pool, first, self.timeout)
-            else:
-                self._spec = pool.receive_spec(
-                    self.timeout, "sample" if self._stream_rows else "batch"
-                )
-            ring = self._build_ring()
-            assert engine.region is not None
-            if first is not None:
-                claim_kept(ring, 0, first.task)
-            if self._auto:  # before any worker can take a slot
-                ring.set_active(AUTO_START)
-            pool.send_region(engine.region, engine.region.size, self._spec, ring)
-        else:
-            self._spec = known
-            ring = self._build_ring()
-            assert engine.region is not None
-            if resume is not None:
-                assert self._sampler is not None
-                ring.skip_tasks_to(
-                    resume.epoch * self._sampler.batches_per_epoch + resume.first
-                )
-            if self._auto:  # before any worker can take a slot
-                ring.set_active(AUTO_START)
-            share, size = engine.region.share(), engine.region.size
-            engine.start_workers(ctx, [config(w, share, size) for w in range(workers)])
-        feed = engine.open_feed(
-            self._spec,
-            self._sampler,
-            ordered=self.ordered,
-            timeout=self.timeout,
-            copy=self.copy,
+        self._engine, self._spec = launch(
+            self._settings,
+            resume,
+            self._stream_resume,
+            pid=self._pid,
             host=weakref.proxy(self),
-            sample_stream=bool(self._stream_rows),
-            views=self._batch_views(),
+            views=self._batch_views,
+            pinning=self._pinning(),
         )
         if resume is not None:
             self._resume_at(resume)
-        if stream is not None:
-            feed.first_pass = stream.pass_
-            feed.resume_items = list(stream.items)
-        if self._auto:
-            engine.autotune(workers)
 
     def _restart_engine(self, resume: Resume | None) -> None:
         """A new engine, for a state the running workers cannot resume (a
@@ -508,8 +226,7 @@ class Prefetcher:
         each worker passes over what it delivered). Batches handed out
         before stay valid while referenced."""
         self._engine.close()
-        ctx, _, worker_init, worker_threads = self._engine_args
-        self._engine_args = (ctx, self._spec, worker_init, worker_threads)
+        self._settings.spec = self._spec  # known now: no first item to wait for
         try:
             self._start_engine(resume)
         except BaseException:
@@ -520,12 +237,6 @@ class Prefetcher:
         """What page-locks the ring for a face that hands out batches to a
         device (fastq.torch); plain numpy batches need none."""
         return None
-
-    def _build_ring(self) -> Ring:
-        slot_bytes = max(self._spec.slot_bytes, _MIN_SLOT_BYTES)
-        # One slot more than asked for: the batch a `for` loop's body still
-        # holds while the next one is fetched must not starve the workers.
-        return self._engine.build_ring(self.slots + 1, self.workers, slot_bytes)
 
     # The engine's parts, as the consumer's code and the tests reach them.
 
@@ -568,7 +279,7 @@ class Prefetcher:
         sampler = self._sampler
         if sampler is None:
             raise TypeError("a Prefetcher over a callable source has no epochs")
-        e = _as_int(epoch)
+        e = as_int(epoch)
         if e is None or e < 0:
             raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
         feed = self._feed
@@ -674,7 +385,7 @@ class Prefetcher:
     @property
     def dataset(self) -> Any:
         """The source, as given (DataLoader's ``dataset``)."""
-        return self._source
+        return self._settings.source
 
     @property
     def spec(self) -> BatchSpec:
@@ -686,10 +397,9 @@ class Prefetcher:
             return self._feed.begin_epoch()
         return self._feed.begin_pass()
 
-    def _batch_views(self) -> BatchViews | None:
+    def _batch_views(self, spec: BatchSpec) -> BatchViews | None:
         """How the consumer makes a plain batch in compiled code; None where
         each batch takes the full path (copied out, jagged or packed)."""
-        spec = self._spec
         if self.copy or not isinstance(spec, BatchSpec) or spec.jagged:
             return None
         if type(self)._make_batch is not Prefetcher._make_batch:
@@ -783,69 +493,3 @@ _LOADED_MID_LOOP = (
     "load_state_dict() was called after this loop began; call iter() again "
     "(a new for loop) to resume from the state"
 )
-
-
-def _stream_batching(
-    batch_size: Any, shuffle: bool, drop_last: bool, shuffle_buffer: Any
-) -> tuple[int, int]:
-    """A stream's (samples per batch, 0 for whole batches; shuffle buffer
-    size, 0 for none), checked."""
-    if shuffle:
-        raise ConfigError(
-            "shuffle=True: a stream has no index to permute; pass "
-            "shuffle_buffer=N (with batch_size) to mix each worker's samples "
-            "through a buffer of N"
-        )
-    if batch_size is None:
-        if drop_last or shuffle_buffer is not None:
-            what = f"shuffle_buffer={shuffle_buffer!r}"
-            if drop_last:
-                what = "drop_last=True"
-            raise ConfigError(
-                f"{what}: without batch_size a stream's items are whole batches; "
-                "pass batch_size=B for a stream of samples, B to a batch"
-            )
-        return 0, 0
-    rows = _positive_int("batch_size", batch_size, "or None for whole batches")
-    if shuffle_buffer is None:
-        return rows, 0
-    return rows, _positive_int("shuffle_buffer", shuffle_buffer, "or None for none")
-
-
-def _is_map_style(source: Any) -> bool:
-    """Indexed (``__len__`` and ``__getitem__`` or ``fill_batch``) rather
-    than iterated. A torch IterableDataset has both (from Dataset, and
-    often a length) but is a stream."""
-    data = sys.modules.get("torch.utils.data")
-    if data is not None and isinstance(source, data.IterableDataset):
-        return False
-    return hasattr(source, "__len__") and (
-        hasattr(source, "__getitem__") or hasattr(source, "fill_batch")
-    )
-
-
-def _map_rows(batch_size: Any) -> int:
-    """A map-style source's batch_size, checked."""
-    if batch_size is None:
-        raise ConfigError(
-            "batch_size=None: a map-style source needs batch_size, the "
-            "number of samples per batch (e.g. batch_size=128)"
-        )
-    return _positive_int("batch_size", batch_size, "e.g. batch_size=128")
-
-
-def _worker_context(worker_method: Any, start_method: str | None) -> Any:
-    """How workers start: processes (by ``start_method``) or threads."""
-    if worker_method == "process":
-        return get_context(start_method)
-    if worker_method != "thread":
-        raise ConfigError(
-            f"worker_method={worker_method!r}: expected 'process' (the default) "
-            "or 'thread'"
-        )
-    if start_method is not None:
-        raise ConfigError(
-            f"start_method={start_method!r} with worker_method='thread': thread "
-            "workers start no process; drop start_method"
-        )
-    return ThreadContext()

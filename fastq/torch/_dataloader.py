@@ -29,9 +29,10 @@ import torch
 import torch.utils.data
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
+from .._arguments import as_int, positive_int
 from .._planned import PlannedLoader
 from .._pool import get_context
-from .._prefetcher import _as_int, _positive_int, default_workers
+from .._prefetcher import default_workers
 from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
 from ._pinned import CudaRing
 from ._worker_side import IterableSource, MapSource
@@ -115,7 +116,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             iterable = isinstance(dataset, torch.utils.data.IterableDataset)
             num_workers = 1 if iterable else default_workers()
         else:
-            count = _as_int(num_workers)
+            count = as_int(num_workers)
             if count is None or count < 0:
                 raise ConfigError(
                     f"num_workers={num_workers!r}: expected an int >= 0 (0 loads "
@@ -125,14 +126,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         fix = "or None for the default"
         # fastq's own arguments are attributes of the same name, so a trainer
         # that re-creates the loader from its attributes keeps them.
-        self.slots = None if slots is None else _positive_int("slots", slots, fix)
+        self.slots = None if slots is None else positive_int("slots", slots, fix)
         self.slot_bytes = (
-            None if slot_bytes is None else _positive_int("slot_bytes", slot_bytes, fix)
+            None if slot_bytes is None else positive_int("slot_bytes", slot_bytes, fix)
         )
         self.max_batch_size = (
             None
             if max_batch_size is None
-            else _positive_int("max_batch_size", max_batch_size, fix)
+            else positive_int("max_batch_size", max_batch_size, fix)
         )
         self.worker_threads = worker_threads
         self._engine: PlannedLoader | None = None
@@ -182,7 +183,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def set_epoch(self, epoch: int) -> None:
         """Names the next epoch, here and on the sampler (DistributedSampler's
         ``set_epoch``), so a resumed run starts where it stopped."""
-        e = _as_int(epoch)
+        e = as_int(epoch)
         if e is None or e < 0:
             raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
         self._epoch = e

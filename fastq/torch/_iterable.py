@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from .._prefetcher import _resolve_ranks
+from .._arguments import resolve_ranks
 from ..errors import ConfigError
 from ._prefetcher import TorchPrefetcher, _bind_prefetcher_args, _resolve_device
 
@@ -119,7 +119,7 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
         if self._prefetcher is not None:
             world = self._prefetcher.world_size
         else:
-            world = _resolve_ranks(*self._ranks)[1]
+            world = resolve_ranks(*self._ranks)[1]
         if world <= 1:
             return
         raise ConfigError(

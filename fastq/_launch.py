@@ -1,0 +1,134 @@
+"""How a Prefetcher's engine starts: the ring first and the workers over it
+when the spec is known, else the workers first, worker 0's first item for
+the spec, then the ring (NOTE [ The kept first batch ] in
+fastq/_first_batch.py); the feed at the point a state resumes from."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._arguments import Settings
+from ._autotune import AUTO_START
+from ._engine import Engine, SlotPinning, in_main_thread
+from ._first_batch import claim_kept, first_plan, receive_map_spec
+from ._ring import BatchViews, Ring
+from ._spec import BatchSpec
+from ._state import Resume, StreamResume
+from ._worker import WorkerConfig
+
+# Room in every slot for an error report, however small the batch.
+MIN_SLOT_BYTES = 64 * 1024
+
+
+def launch(
+    s: Settings,
+    resume: Resume | None,
+    stream: StreamResume | None,
+    *,
+    pid: int,
+    host: Any,
+    views: Callable[[BatchSpec], BatchViews | None],
+    pinning: Callable[[], SlotPinning] | None,
+) -> tuple[Engine, BatchSpec]:
+    """A started engine and its spec; with ``resume``, the workers begin at
+    its first batch (the skipped ones are never made), with ``stream``,
+    each passes over the items it delivered. ``host`` makes the batches
+    (Feed's owner), ``views`` makes plain ones in compiled code. Whatever
+    started is stopped if the start fails."""
+    engine = Engine(pinning)
+    try:
+        spec = _start(engine, s, resume, stream, pid)
+        feed = engine.open_feed(
+            spec,
+            s.sampler,
+            ordered=s.ordered,
+            timeout=s.timeout,
+            copy=s.copy,
+            host=host,
+            sample_stream=bool(s.stream_rows),
+            views=views(spec),
+        )
+        if stream is not None:
+            feed.first_pass = stream.pass_
+            feed.resume_items = list(stream.items)
+        if s.auto:
+            engine.autotune(s.workers)
+    except BaseException:
+        engine.close()
+        raise
+    return engine, spec
+
+
+def _start(
+    engine: Engine,
+    s: Settings,
+    resume: Resume | None,
+    stream: StreamResume | None,
+    pid: int,
+) -> BatchSpec:
+    def config(w: int, region: Any, size: int) -> WorkerConfig:
+        return WorkerConfig(
+            worker_id=w,
+            num_workers=s.workers,
+            source=s.source,
+            is_map=s.is_map,
+            spec=s.spec,
+            sampler=s.sampler,
+            seed=s.seed,
+            rank=s.rank,
+            world_size=s.world_size,
+            worker_init=s.worker_init,
+            region=region,
+            region_size=size,
+            consumer_pid=pid,
+            threads=s.worker_threads,
+            death_signal=in_main_thread(),
+            stream_rows=s.stream_rows,
+            drop_last=s.drop_last,
+            shuffle_buffer=s.shuffle_buffer,
+            resume_items=0 if stream is None else stream.items[w],
+            first_pass=0 if stream is None else stream.pass_,
+        )
+
+    if s.spec is not None:
+        spec = s.spec
+        ring = _build_ring(engine, s, spec)
+        assert engine.region is not None
+        if resume is not None:
+            assert s.sampler is not None
+            ring.skip_tasks_to(
+                resume.epoch * s.sampler.batches_per_epoch + resume.first
+            )
+        if s.auto:  # before any worker can take a slot
+            ring.set_active(AUTO_START)
+        share, size = engine.region.share(), engine.region.size
+        engine.start_workers(s.ctx, [config(w, share, size) for w in range(s.workers)])
+        return spec
+    # No spec=: worker 0 infers it from its first item (a map-style
+    # source's: its first batch); the ring is made once it is known.
+    first = None
+    if s.is_map:
+        assert s.sampler is not None
+        first = first_plan(s.sampler, resume)
+    configs = [config(w, None, 0) for w in range(s.workers)]
+    configs[0].first_plan = first
+    pool = engine.start_workers(s.ctx, configs)
+    if first is not None:
+        spec = receive_map_spec(pool, first, s.timeout)
+    else:
+        spec = pool.receive_spec(s.timeout, "sample" if s.stream_rows else "batch")
+    ring = _build_ring(engine, s, spec)
+    assert engine.region is not None
+    if first is not None:
+        claim_kept(ring, 0, first.task)
+    if s.auto:  # before any worker can take a slot
+        ring.set_active(AUTO_START)
+    pool.send_region(engine.region, engine.region.size, spec, ring)
+    return spec
+
+
+def _build_ring(engine: Engine, s: Settings, spec: BatchSpec) -> Ring:
+    slot_bytes = max(spec.slot_bytes, MIN_SLOT_BYTES)
+    # One slot more than asked for: the batch a `for` loop's body still
+    # holds while the next one is fetched must not starve the workers.
+    return engine.build_ring(s.slots + 1, s.workers, slot_bytes)
