@@ -18,13 +18,18 @@ from ._jagged import (
     sample_rows,
 )
 from ._ring import BATCH_ARRAY, BATCH_CALL, BATCH_DICT, BATCH_TUPLE, BatchViews
+from ._spec_infer import (
+    Structure,
+    as_array,
+    batch_fields,
+    same_rows,
+    sample_fields,
+    structure_of,
+    user_fields,
+)
 from .errors import SpecError
 
 FIELD_ALIGN = 64
-
-# A structure: None for a single array leaf, ("tuple", n, children) or
-# ("dict", keys, children). Leaves are numbered depth-first.
-Structure = Any
 
 
 @dataclass(frozen=True)
@@ -62,23 +67,12 @@ def _direct_types(f: Field) -> frozenset[type]:
     return frozenset((f.dtype.type, *_PYTHON_SCALARS.get(f.dtype.kind, ())))
 
 
-def _same_rows(name: str, arr: np.ndarray[Any, Any], rows: int | None) -> int:
-    """The batch's row count, checking field `name` agrees with the others."""
-    if rows is not None and arr.shape[0] != rows:
-        raise SpecError(
-            f"field {name!r} of a batch: {arr.shape[0]} rows while the fields "
-            f"before it have {rows}; every field of a batch needs the same "
-            "number of rows"
-        )
-    return int(arr.shape[0])
-
-
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // FIELD_ALIGN) * FIELD_ALIGN
 
 
 def _same_count(name: str, n: int, rows: int | None, capacity: int) -> int:
-    """A jagged field's samples in a batch, checked as _same_rows does."""
+    """A jagged field's samples in a batch, checked as same_rows does."""
     if rows is not None and n != rows:
         raise SpecError(
             f"field {name!r} of a batch: {n} samples while the fields before "
@@ -92,77 +86,10 @@ def _same_count(name: str, n: int, rows: int | None, capacity: int) -> int:
     return n
 
 
-def _declared(name: str, declared: Any) -> tuple[Any, ...]:
-    """A field of BatchSpec from a parsed spec= leaf."""
-    if isinstance(declared, Jagged):
-        return (name, declared.inner, declared.dtype, declared)
-    shape, dtype = declared
-    return (name, shape, dtype)
-
-
-def _path(parent: str, key: Any) -> str:
-    if isinstance(key, int):
-        return f"{parent}[{key}]"
-    return f"{parent}.{key}" if parent else str(key)
-
-
-def _leaf_name(path: str) -> str:
-    return path or "batch"
-
-
-def _structure_of(obj: Any, path: str, leaves: list[tuple[str, Any]]) -> Structure:
-    if isinstance(obj, Mapping):
-        keys = tuple(obj.keys())
-        for k in keys:
-            if not isinstance(k, str):
-                raise SpecError(
-                    f"field {_leaf_name(path)!r}: dict keys must be str, got "
-                    f"{k!r} ({type(k).__name__}); use string keys"
-                )
-        return (
-            "dict",
-            keys,
-            tuple(_structure_of(obj[k], _path(path, k), leaves) for k in keys),
-        )
-    if isinstance(obj, (tuple, list)):
-        return (
-            "tuple",
-            len(obj),
-            tuple(_structure_of(v, _path(path, i), leaves) for i, v in enumerate(obj)),
-        )
-    leaves.append((_leaf_name(path), obj))
-    return None
-
-
-def _as_array(name: str, value: Any) -> np.ndarray[Any, Any]:
-    arr = value if type(value) is np.ndarray else np.asarray(value)
-    if arr.dtype.hasobject:
-        raise SpecError(
-            f"field {name!r}: dtype {arr.dtype} (from {type(value).__name__}) "
-            "holds Python objects, which cannot live in shared memory; "
-            "return numeric numpy arrays or scalars"
-        )
-    return arr
-
-
 def _native(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """dtype in this machine's byte order: the order of every field in a
     slot, whatever order the items come in (numpy converts on writing)."""
     return dtype if dtype.isnative else dtype.newbyteorder("=")
-
-
-def _refuse_text(name: str, arr: np.ndarray[Any, Any]) -> None:
-    """A spec is inferred from one item; strings vary in length from item
-    to item, while a slot's field has one fixed size."""
-    if arr.dtype.kind in "SU":
-        what = "str" if arr.dtype.kind == "U" else "bytes"
-        raise SpecError(
-            f"field {name!r}: {what} values (dtype {arr.dtype}) cannot live in "
-            "a Prefetcher's fixed-shape numeric slots, as their length varies "
-            "from item to item. Encode the field as a fixed-size numeric array "
-            "(label or token ids, or the bytes in a padded uint8 array), or "
-            "use fastq.torch.DataLoader, which carries strings beside the arrays"
-        )
 
 
 def _flatten(structure: Structure, obj: Any, out: list[Any]) -> bool:
@@ -270,110 +197,19 @@ class BatchSpec:
     @classmethod
     def from_sample(cls, sample: Any, rows: int) -> BatchSpec:
         """Infers a spec from one map-style sample: each leaf is one row."""
-        leaves: list[tuple[str, Any]] = []
-        structure = _structure_of(sample, "", leaves)
-        fields = []
-        for name, value in leaves:
-            arr = _as_array(name, value)
-            _refuse_text(name, arr)
-            fields.append((name, arr.shape, arr.dtype))
-        return cls(structure, fields, rows)
+        return cls(*sample_fields(sample, rows))
 
     @classmethod
     def from_batch(cls, batch: Any) -> BatchSpec:
         """Infers a spec from one whole batch of a callable source."""
-        leaves: list[tuple[str, Any]] = []
-        structure = _structure_of(batch, "", leaves)
-        fields = []
-        rows = None
-        for name, value in leaves:
-            arr = _as_array(name, value)
-            _refuse_text(name, arr)
-            if arr.ndim == 0:
-                raise SpecError(
-                    f"field {name!r}: a batch leaf needs a leading batch "
-                    f"dimension, got a scalar of dtype {arr.dtype}; yield arrays "
-                    "whose first dimension is the batch size"
-                )
-            rows = _same_rows(name, arr, rows)
-            fields.append((name, arr.shape[1:], arr.dtype))
-        if rows is None or rows == 0:
-            raise SpecError("a batch needs at least one field with at least one row")
-        return cls(structure, fields, rows)
+        return cls(*batch_fields(batch))
 
     @classmethod
     def from_user(cls, spec: Any, rows: int | None) -> BatchSpec:
         """From spec=: {name: (shape, dtype)}, a tuple of (shape, dtype), or
         one (shape, dtype). rows=None: shapes are whole batches (callable
         sources) and their first dimension is the rows."""
-
-        def is_leaf(v: Any) -> bool:
-            return (
-                isinstance(v, tuple)
-                and len(v) == 2
-                and isinstance(v[0], (tuple, list, int))
-                and not isinstance(v[1], (tuple, list, Mapping))
-            )
-
-        def parse(v: Any, path: str, out: list[tuple[str, Any]]) -> Structure:
-            if isinstance(v, Jagged):
-                out.append((_leaf_name(path), v.checked(_leaf_name(path))))
-                return None
-            if is_leaf(v):
-                shape = (v[0],) if isinstance(v[0], int) else tuple(v[0])
-                try:
-                    dtype = np.dtype(v[1])
-                except TypeError as exc:
-                    raise SpecError(
-                        f"spec field {_leaf_name(path)!r}: {v[1]!r} is not a "
-                        "numpy dtype; give e.g. 'float32' or np.uint8"
-                    ) from exc
-                out.append((_leaf_name(path), (shape, dtype)))
-                return None
-            if isinstance(v, Mapping) and v:
-                return (
-                    "dict",
-                    tuple(v),
-                    tuple(parse(v[k], _path(path, k), out) for k in v),
-                )
-            if isinstance(v, (tuple, list)) and v:
-                return (
-                    "tuple",
-                    len(v),
-                    tuple(parse(x, _path(path, i), out) for i, x in enumerate(v)),
-                )
-            raise SpecError(
-                f"spec field {_leaf_name(path)!r}: expected (shape, dtype), a "
-                f"dict or a tuple of them, got {v!r}; e.g. spec={{'image': "
-                "((3, 224, 224), 'uint8'), 'label': ((), 'int64')}"
-            )
-
-        leaves: list[tuple[str, Any]] = []
-        structure = parse(spec, "", leaves)
-        if rows is not None:
-            return cls(structure, [_declared(n, v) for n, v in leaves], rows)
-        batch_rows = None
-        fields: list[tuple[Any, ...]] = []
-        for name, declared in leaves:
-            if isinstance(declared, Jagged):
-                fields.append(_declared(name, declared))
-                continue
-            shape, dtype = declared
-            if len(shape) == 0 or (batch_rows is not None and shape[0] != batch_rows):
-                raise SpecError(
-                    f"spec field {name!r}: shape {shape} needs the same leading "
-                    "batch dimension as every other field (callable sources "
-                    "give whole-batch shapes)"
-                )
-            batch_rows = shape[0]
-            fields.append((name, shape[1:], dtype))
-        if batch_rows is None:
-            raise SpecError(
-                "spec: every field is jagged, so nothing gives a whole batch's "
-                "samples; pass batch_size (a stream of samples), or declare a "
-                "fixed field with the batch's leading dimension"
-            )
-        return cls(structure, fields, int(batch_rows))
+        return cls(*user_fields(spec, rows))
 
     # ----------------------------------------------------------- structure
 
@@ -388,7 +224,7 @@ class BatchSpec:
         if not _flatten(self.structure, item, out):
             got: list[tuple[str, Any]] = []
             try:
-                got_structure = _describe_structure(_structure_of(item, "", got))
+                got_structure = _describe_structure(structure_of(item, "", got))
             except SpecError:
                 got_structure = type(item).__name__
             raise SpecError(
@@ -516,7 +352,7 @@ class BatchSpec:
         f = self.fields[i]
         if type(value) in self.direct_types[i]:
             return value
-        arr = value if type(value) is np.ndarray else _as_array(f.name, value)
+        arr = value if type(value) is np.ndarray else as_array(f.name, value)
         if arr.shape != f.shape or _native(arr.dtype) != f.dtype:
             raise SpecError(
                 f"field {f.name!r} of a sample: expected {f.describe()}, got "
@@ -529,7 +365,7 @@ class BatchSpec:
         """Field i's value for a whole batch; returns it with its row count
         checked against the spec's capacity."""
         f = self.fields[i]
-        arr = value if type(value) is np.ndarray else _as_array(f.name, value)
+        arr = value if type(value) is np.ndarray else as_array(f.name, value)
         if arr.shape[1:] != f.shape or _native(arr.dtype) != f.dtype or arr.ndim == 0:
             raise SpecError(
                 f"field {f.name!r} of a batch: expected shape "
@@ -561,7 +397,7 @@ class BatchSpec:
                 arrays.append(jag)
                 continue
             arr = self.check_batch(i, leaf)
-            rows = _same_rows(f.name, arr, rows)
+            rows = same_rows(f.name, arr, rows)
             arrays.append(arr)
         return int(rows or 0), arrays
 

@@ -14,7 +14,6 @@ over the slot, without a copy, a pickle of its arrays, or a file descriptor.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import itertools
@@ -34,21 +33,22 @@ from .._planned import PlannedLoader
 from .._pool import get_context
 from .._prefetcher import default_workers
 from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
+from ._loader_state import (
+    MAP_STYLE,
+    check_stateful,
+    checked_batches_done,
+    decode_rng,
+    replay_sampler,
+    saved_state,
+)
 from ._pinned import CudaRing
 from ._worker_side import IterableSource, MapSource
 
 __all__ = ["DataLoader", "DataLoaderTimeout"]
 
-_MAP_STYLE = 0  # torch's _DatasetKind.Map
-_STATE_FORMAT = "fastq.torch.DataLoader/1"
 # What a batch is, as torch's DataLoader is generic in it: the annotation
 # DataLoader[torch.Tensor] means the same for both.
 _T_co = TypeVar("_T_co", covariant=True)
-
-
-def _decode_rng(text: str) -> torch.Tensor:
-    data = bytearray(base64.b64decode(text))
-    return torch.frombuffer(data, dtype=torch.uint8).clone()
 
 
 class DataLoaderTimeout(FetchTimeout, RuntimeError):
@@ -108,21 +108,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         max_batch_size: int | None = None,
         worker_threads: int | None = 1,
     ) -> None:
-        if num_workers is None:
-            # An IterableDataset is read by every worker, whole unless it
-            # shards itself with get_worker_info() (few do: a generator
-            # over files or a stream): one worker reads it once per epoch,
-            # as DataLoader's default does, still off the loop's thread.
-            iterable = isinstance(dataset, torch.utils.data.IterableDataset)
-            num_workers = 1 if iterable else default_workers()
-        else:
-            count = as_int(num_workers)
-            if count is None or count < 0:
-                raise ConfigError(
-                    f"num_workers={num_workers!r}: expected an int >= 0 (0 loads "
-                    "in this process), or None for fastq's default"
-                )
-            num_workers = count
+        num_workers = _workers(dataset, num_workers)
         fix = "or None for the default"
         # fastq's own arguments are attributes of the same name, so a trainer
         # that re-creates the loader from its attributes keeps them.
@@ -231,12 +217,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         generator = self.generator or torch.default_generator
         resume, self._resume = self._resume, None
         if resume is not None and resume["seed"] is None:
-            generator.set_state(_decode_rng(resume["rng_state"]))
+            generator.set_state(decode_rng(resume["rng_state"]))
         if engine is None:
             self._draw_seed()
         if resume is not None and resume["seed"] is not None:
-            generator.set_state(_decode_rng(resume["rng_state"]))
-        if self._dataset_kind != _MAP_STYLE:
+            generator.set_state(decode_rng(resume["rng_state"]))
+        if self._dataset_kind != MAP_STYLE:
             if engine is None:
                 engine = self._start(None, epoch)
                 if engine is None:
@@ -280,25 +266,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         process continues with the rest of that epoch and every later one,
         bit-identical to a run that never stopped, with any
         ``num_workers > 0``."""
-        self._check_stateful()
+        check_stateful(self)
         live = self._current_loop()
         if live is not None and live.in_epoch:
-            epoch, done, seed, rng = live.epoch, live.done, live.seed, live.rng
-        else:  # between epochs: the next starts as the uninterrupted run's
-            epoch, done = self._epoch, 0
-            persistent = self.persistent_workers and self._engine is not None
-            seed = self._seed if persistent else None
-            rng = (self.generator or torch.default_generator).get_state()
-        return {
-            "format": _STATE_FORMAT,
-            "epoch": epoch,
-            "batches_done": done,
-            "seed": seed,
-            "rng_state": base64.b64encode(rng.numpy().tobytes()).decode(),
-            "samples": len(self.dataset),  # type: ignore[arg-type]
-            "batches": len(self),
-            "world_size": _world_size(self),
-        }
+            return saved_state(self, live.epoch, live.done, live.seed, live.rng)
+        # Between epochs: the next starts as the uninterrupted run's.
+        persistent = self.persistent_workers and self._engine is not None
+        seed = self._seed if persistent else None
+        rng = (self.generator or torch.default_generator).get_state()
+        return saved_state(self, self._epoch, 0, seed, rng)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter()`` resumes where ``state`` (from ``state_dict()``)
@@ -306,40 +282,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         to the state it had when that epoch began, as the uninterrupted run
         had it. A loop begun before this call ends with a ConfigError at
         its next batch (it would otherwise silently restart)."""
-        self._check_stateful()
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            got = state.get("format") if isinstance(state, dict) else state
-            raise ConfigError(
-                f"state: expected a dict from fastq.torch.DataLoader.state_dict() "
-                f"(format {_STATE_FORMAT!r}), got {got!r}"
-            )
-        for key, mine, fix in (
-            ("samples", len(self.dataset), "this state is of another dataset"),  # type: ignore[arg-type]
-            (
-                "world_size",
-                _world_size(self),
-                "a DataLoader's sampler is yours, so it resumes on the world "
-                "size it was saved with; fastq.torch.TorchPrefetcher(rank=, "
-                "world_size=) shards itself, and its state reshards the rest "
-                "of the epoch across another world size",
-            ),
-            (
-                "batches",
-                len(self),
-                "pass the batch_size, drop_last and sampler the state was saved with",
-            ),
-        ):
-            # (A state from before world sizes were saved has none.)
-            if state.get(key, mine if key == "world_size" else None) != mine:
-                raise ConfigError(
-                    f"state[{key!r}]={state.get(key)!r}, but this loader has "
-                    f"{key}={mine!r}: {fix}"
-                )
-        done = state.get("batches_done")
-        if not isinstance(done, int) or not 0 <= done <= len(self):
-            raise ConfigError(
-                f"state['batches_done']={done!r}: expected 0 to {len(self)}"
-            )
+        check_stateful(self)
+        done = checked_batches_done(self, state)
         live = self._current_loop()
         if live is not None:
             live.superseded = True
@@ -350,30 +294,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if done < len(self):
             self._resume = state
             return
-        # Saved after the epoch's last batch: the sampler's draws for it are
-        # made again (indices only), so the next epoch starts from the
-        # generator state the uninterrupted run had.
-        self._resume = None
-        generator = self.generator or torch.default_generator
-        generator.set_state(_decode_rng(state["rng_state"]))
-        for _ in self._index_sampler:
-            pass
+        self._resume = None  # saved after the epoch's last batch
+        replay_sampler(self, state["rng_state"])
         if not self.persistent_workers:
             self._seed, self._seed_from_state = None, False
         self.set_epoch(state["epoch"] + 1)
 
     def _current_loop(self) -> _LoaderIterator | None:
         return None if self._live is None else self._live()
-
-    def _check_stateful(self) -> None:
-        if self._dataset_kind != _MAP_STYLE or self.num_workers == 0:
-            raise TypeError(
-                "state_dict()/load_state_dict(): fastq.torch.DataLoader saves "
-                "its place for a map-style dataset with num_workers > 0; an "
-                "IterableDataset's place is its iterator's (give it "
-                "state_dict()/load_state_dict() of its own), and "
-                "num_workers=0 runs torch's own loader"
-            )
 
     def _draw_seed(self) -> None:
         """DataLoader's base seed: one draw from torch's generator (or the
@@ -395,42 +323,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     ) -> PlannedLoader | None:
         """Starts the workers (at the first iter(), never at construction).
         None for an iterable dataset with nothing in it."""
-        assert self._seed is not None
-        collate = self.collate_fn
-        if batches is not None:
-            source: Any = MapSource(self.dataset, collate, self._auto_collation)
-        else:
-            source = IterableSource(
-                self.dataset,
-                collate,
-                self.batch_size if self._auto_collation else None,
-                self.drop_last,
-            )
-        workers = self.num_workers
-        prefetch = self.prefetch_factor or 2
-        make_batch, pinning = _pinning(self)
-        rank, world_size = _rank_and_world_size()
         try:
-            engine = PlannedLoader(
-                source,
-                ctx=_context(self.multiprocessing_context),
-                workers=workers,
-                slots=self.slots or max(4, prefetch * workers),
-                seed=self._seed,
-                first=batches,
-                epoch=epoch,
-                max_rows=self.max_batch_size or (self.batch_size or 1),
-                ordered=self.in_order,
-                timeout=float(self.timeout) if self.timeout > 0 else None,
-                worker_init=self.worker_init_fn,
-                worker_threads=self.worker_threads,
-                slot_bytes=self.slot_bytes,
-                rank=rank,
-                world_size=world_size,
-                make_batch=make_batch,
-                pinning=pinning,
-                first_batch=first_batch,
-            )
+            engine = _new_engine(self, batches, epoch, first_batch)
         except EmptySource:
             if batches is None:
                 return None  # an iterable dataset with nothing in it
@@ -464,13 +358,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if engine is not None:
             with contextlib.suppress(Exception):
                 engine.close()
-
-
-def _world_size(loader: DataLoader[Any]) -> int:
-    """The ranks a DistributedSampler (or any sampler with its
-    ``num_replicas``) shards the dataset across; 1 without one."""
-    replicas = getattr(loader.sampler, "num_replicas", 1)
-    return replicas if isinstance(replicas, int) else 1
 
 
 class _LoaderIterator:
@@ -590,6 +477,69 @@ def _samplers(loader: DataLoader[Any]) -> list[Any]:
         if s is not None and all(s is not f for f in found):
             found.append(s)
     return found
+
+
+def _workers(dataset: Any, num_workers: Any) -> int:
+    """num_workers, checked, or fastq's default for `dataset` (None)."""
+    if num_workers is None:
+        # An IterableDataset is read by every worker, whole unless it
+        # shards itself with get_worker_info() (few do: a generator over
+        # files or a stream): one worker reads it once per epoch, as
+        # DataLoader's default does, still off the loop's thread.
+        iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        return 1 if iterable else default_workers()
+    count = as_int(num_workers)
+    if count is None or count < 0:
+        raise ConfigError(
+            f"num_workers={num_workers!r}: expected an int >= 0 (0 loads "
+            "in this process), or None for fastq's default"
+        )
+    return count
+
+
+def _new_engine(
+    loader: DataLoader[Any],
+    batches: Iterator[Any] | None,
+    epoch: int,
+    first_batch: int,
+) -> PlannedLoader:
+    """The engine of DataLoader's arguments: a map-style dataset's batches
+    from `batches` (planned indices), else the iterable dataset's own."""
+    assert loader._seed is not None
+    collate = loader.collate_fn
+    if batches is not None:
+        source: Any = MapSource(loader.dataset, collate, loader._auto_collation)
+    else:
+        source = IterableSource(
+            loader.dataset,
+            collate,
+            loader.batch_size if loader._auto_collation else None,
+            loader.drop_last,
+        )
+    workers = loader.num_workers
+    prefetch = loader.prefetch_factor or 2
+    make_batch, pinning = _pinning(loader)
+    rank, world_size = _rank_and_world_size()
+    return PlannedLoader(
+        source,
+        ctx=_context(loader.multiprocessing_context),
+        workers=workers,
+        slots=loader.slots or max(4, prefetch * workers),
+        seed=loader._seed,
+        first=batches,
+        epoch=epoch,
+        max_rows=loader.max_batch_size or (loader.batch_size or 1),
+        ordered=loader.in_order,
+        timeout=float(loader.timeout) if loader.timeout > 0 else None,
+        worker_init=loader.worker_init_fn,
+        worker_threads=loader.worker_threads,
+        slot_bytes=loader.slot_bytes,
+        rank=rank,
+        world_size=world_size,
+        make_batch=make_batch,
+        pinning=pinning,
+        first_batch=first_batch,
+    )
 
 
 def _context(multiprocessing_context: Any) -> Any:

@@ -1,0 +1,112 @@
+"""A fastq.torch.DataLoader's place, for a checkpoint: the record
+state_dict() gives, and what load_state_dict() checks and replays of one."""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ._dataloader import DataLoader
+
+MAP_STYLE = 0  # torch's _DatasetKind.Map
+STATE_FORMAT = "fastq.torch.DataLoader/1"
+
+
+def check_stateful(loader: DataLoader[Any]) -> None:
+    if loader._dataset_kind != MAP_STYLE or loader.num_workers == 0:
+        raise TypeError(
+            "state_dict()/load_state_dict(): fastq.torch.DataLoader saves "
+            "its place for a map-style dataset with num_workers > 0; an "
+            "IterableDataset's place is its iterator's (give it "
+            "state_dict()/load_state_dict() of its own), and "
+            "num_workers=0 runs torch's own loader"
+        )
+
+
+def saved_state(
+    loader: DataLoader[Any],
+    epoch: int,
+    done: int,
+    seed: int | None,
+    rng: torch.Tensor,
+) -> dict[str, Any]:
+    """The record of an epoch with `done` batches delivered, its base seed
+    and the sampler generator's state as it began, with what the loader
+    that loads it must match."""
+    return {
+        "format": STATE_FORMAT,
+        "epoch": epoch,
+        "batches_done": done,
+        "seed": seed,
+        "rng_state": base64.b64encode(rng.numpy().tobytes()).decode(),
+        "samples": len(loader.dataset),  # type: ignore[arg-type]
+        "batches": len(loader),
+        "world_size": _world_size(loader),
+    }
+
+
+def checked_batches_done(loader: DataLoader[Any], state: Any) -> int:
+    """The batches of its epoch `state` says were delivered, once it is
+    checked to be a state of `loader` (its dataset, world size and
+    batches)."""
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        got = state.get("format") if isinstance(state, dict) else state
+        raise ConfigError(
+            f"state: expected a dict from fastq.torch.DataLoader.state_dict() "
+            f"(format {STATE_FORMAT!r}), got {got!r}"
+        )
+    for key, mine, fix in (
+        ("samples", len(loader.dataset), "this state is of another dataset"),  # type: ignore[arg-type]
+        (
+            "world_size",
+            _world_size(loader),
+            "a DataLoader's sampler is yours, so it resumes on the world "
+            "size it was saved with; fastq.torch.TorchPrefetcher(rank=, "
+            "world_size=) shards itself, and its state reshards the rest "
+            "of the epoch across another world size",
+        ),
+        (
+            "batches",
+            len(loader),
+            "pass the batch_size, drop_last and sampler the state was saved with",
+        ),
+    ):
+        # (A state from before world sizes were saved has none.)
+        if state.get(key, mine if key == "world_size" else None) != mine:
+            raise ConfigError(
+                f"state[{key!r}]={state.get(key)!r}, but this loader has "
+                f"{key}={mine!r}: {fix}"
+            )
+    done = state.get("batches_done")
+    if not isinstance(done, int) or not 0 <= done <= len(loader):
+        raise ConfigError(
+            f"state['batches_done']={done!r}: expected 0 to {len(loader)}"
+        )
+    return done
+
+
+def decode_rng(text: str) -> torch.Tensor:
+    data = bytearray(base64.b64decode(text))
+    return torch.frombuffer(data, dtype=torch.uint8).clone()
+
+
+def replay_sampler(loader: DataLoader[Any], rng_state: str) -> None:
+    """The sampler's draws for an epoch saved after its last batch, made
+    again (indices only) from the generator state that epoch began with,
+    so the next epoch starts from the state the uninterrupted run had."""
+    generator = loader.generator or torch.default_generator
+    generator.set_state(decode_rng(rng_state))
+    for _ in loader._index_sampler:
+        pass
+
+
+def _world_size(loader: DataLoader[Any]) -> int:
+    """The ranks a DistributedSampler (or any sampler with its
+    ``num_replicas``) shards the dataset across; 1 without one."""
+    replicas = getattr(loader.sampler, "num_replicas", 1)
+    return replicas if isinstance(replicas, int) else 1
