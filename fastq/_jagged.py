@@ -37,8 +37,10 @@ class Jagged:
         slot is sized for it. Default: batch_size x max_len (never
         exceeded).
 
-    Example: ``spec={"audio": fastq.Jagged("float32", max_len=16000),
-    "label": ((), "int64")}``.
+    Examples
+    --------
+    >>> spec = {"audio": fastq.Jagged("float32", max_len=16000),
+    ...         "label": ((), "int64")}
     """
 
     dtype: Any

@@ -66,34 +66,51 @@ class Prefetcher:
         worker's last batch may be short); without it, its items are whole
         batches.
     workers : int or "auto", optional
-        Worker processes; default: usable CPUs - 1, at least 1. ``"auto"``
-        (map-style sources): one worker per usable CPU is started, and as
-        many run as keep the loop from waiting while CPUs are idle; the
-        others are parked (``stats()["autotune"]`` says how many, and why).
+        Worker processes; default: usable CPUs - 1 (within a container's
+        CPU quota), at least 1. ``"auto"`` (map-style sources): one worker
+        per usable CPU is started, and as many run as keep the loop from
+        waiting while CPUs are idle; the others are parked
+        (``stats()["autotune"]`` says how many, and why).
     slots : int, optional
         Batches prefetched ahead of the consumer; default: two per worker. The
         ring holds one slot more, for the batch the loop body is using.
     spec : dict or tuple or (shape, dtype), optional
-        Fields as ``{name: (shape, dtype)}`` for one item (a sample, or a
-        callable's whole batch). If omitted, worker 0 infers it from its
-        first item: a map-style source's first sample of the run's first
-        batch, which it then delivers (the source never runs in this
-        process; a ``fill_batch`` dataset's first sample is read once with
-        ``__getitem__`` for it, and one without ``__getitem__`` needs it).
+        One item's fields: ``{name: (shape, dtype)}``, a tuple of
+        ``(shape, dtype)``, or one ``(shape, dtype)``; a variable-length
+        field is a ``fastq.Jagged``. An item is a sample for map-style
+        sources and sample streams, a whole batch for streams without
+        ``batch_size``. If omitted, a worker infers it and the source never
+        runs in this process (only ``len()`` is read here): worker 0 makes
+        the run's first batch (a resumed state's next one), seeded as
+        always, the spec comes from its first sample, and that batch is
+        delivered, not made again; for a stream, from a worker's first
+        item. A failure before the spec is known is raised by the
+        constructor (see Raises); a later sample of the first batch fails
+        at its turn, as with ``spec``. A ``fill_batch`` dataset has no
+        sample to give: its first sample is read once with ``__getitem__``
+        in worker 0 to lay out the slots (``spec`` skips that), and one
+        without ``__getitem__`` needs ``spec``.
     ordered : bool
         Yield batches in sampler order (True) or as soon as they are ready.
-    shuffle, seed, drop_last : bool, int, bool
-        Per-epoch permutation from ``seed`` (random if None; 0 when
-        world_size > 1 so ranks agree); ``drop_last`` drops the tail that does
-        not divide evenly across ranks and the last partial batch (of a
-        sample stream: each worker's short last batch).
-    shuffle_buffer : int, optional
-        A sample stream's shuffle (tf.data's ``shuffle(buffer_size)``): each
-        worker draws every sample at random from a buffer of this many of
-        its own, refilled from its stream; from ``seed``, the same for the
-        same seed and number of workers, another each pass.
-    start_method : {"forkserver", "spawn", "fork"}, optional
-        Default: "forkserver" where available, else "spawn".
+    shuffle : bool
+        A new permutation of a map-style source each epoch, from
+        ``SeedSequence(seed, epoch)``. A stream has no index to permute
+        (use ``shuffle_buffer``).
+    seed : int, optional
+        Seeds every epoch's permutation and every batch's randomness;
+        random if None, 0 when world_size > 1 so that ranks agree.
+    drop_last : bool
+        Drop the tail that does not divide evenly across ranks and the last
+        partial batch (of a sample stream: each worker's short last batch).
+    start_method : str, optional
+        ``"fork"``, ``"forkserver"`` or ``"spawn"``. By default workers
+        fork from this process, as DataLoader's do on Linux, on every
+        Python version and also once CUDA is initialised (workers never
+        touch CUDA). Under spawn and forkserver the source and
+        ``worker_init`` are pickled with cloudpickle: lambdas, closures and
+        classes of a notebook or ``python -c`` travel by value, and
+        multiprocessing objects must come from that start method's context
+        (``multiprocessing.get_context("spawn").Value(...)``).
     worker_init : callable, optional
         Called as ``worker_init(worker_id)`` in each worker before it starts.
     timeout : float, optional
@@ -103,16 +120,9 @@ class Prefetcher:
     rank, world_size : int, optional
         Shard map-style epochs across ranks like DistributedSampler; default
         from torch.distributed when initialised, else RANK / WORLD_SIZE.
+        ``len()`` is batches per epoch on this rank.
     worker_threads : int or None
         BLAS/OpenMP/torch threads per worker (default 1); None leaves them.
-    worker_method : {"process", "thread"}
-        Workers are processes (the default) or threads of this process:
-        no pickling and no process start, for producers that release the
-        GIL (decoding, numpy, I/O) or a free-threaded Python. Thread
-        workers share the source object, leave this process's signals,
-        thread pools (``worker_threads``) and global random state alone
-        (use ``get_worker_info().rng``), and cannot be killed: ``close()``
-        stops waiting for one stuck in user code, which ends on its own.
     state : dict, optional
         A ``state_dict()`` saved earlier: start where it was saved. Map-style
         sources: with its seed, the skipped batches never made; a state
@@ -121,11 +131,26 @@ class Prefetcher:
         passes over the items it delivered (its iterator's ``skip(n)`` if
         it has one), with the same number of workers; a sample stream's
         state counts samples, and resumes with any batch size.
+    worker_method : str
+        ``"process"`` (the default) or ``"thread"``: workers are processes
+        or threads of this process. Threads need no pickling and no process
+        start, for producers that release the GIL (decoding, numpy, I/O)
+        or a free-threaded Python. Thread workers share the source object,
+        leave this process's signals, thread pools (``worker_threads``) and
+        global random state alone (use ``get_worker_info().rng``), and
+        cannot be killed: ``close()`` stops waiting for one stuck in user
+        code, which ends on its own.
+    shuffle_buffer : int, optional
+        A sample stream's shuffle (tf.data's ``shuffle(buffer_size)``): each
+        worker draws every sample at random from a buffer of this many of
+        its own, refilled from its stream; from ``seed``, the same for the
+        same seed and number of workers, another each pass.
 
     Raises
     ------
     ConfigError
-        An argument is invalid; the message names it and the fix.
+        An argument is invalid; the message names it and the fix. Without
+        ``spec``: also a stream that yields no item in any worker.
     SpecError
         The first item cannot be described as fixed-shape numeric fields.
     WorkerError

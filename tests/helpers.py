@@ -105,7 +105,8 @@ class RandomDataset:
 
 class Augmented:
     """Sample i = (i, two draws of the batch's rng, one of `random`, one of
-    `np.random`): runs only in a worker, as the README's augmentation does."""
+    `np.random`): runs only in a worker, as the augmentation of
+    docs/usage.md does."""
 
     def __init__(self, n: int) -> None:
         self.n = n

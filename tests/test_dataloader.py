@@ -160,7 +160,7 @@ def test_a_workers_exception_keeps_its_type_and_the_epoch_goes_on() -> None:
         next(it)
     assert info.value.fastq_sample == 5 and info.value.fastq_task == 2
     assert "Remote traceback" in "".join(getattr(info.value, "__notes__", []))
-    remote = info.value.remote_traceback  # as the README promises
+    remote = info.value.remote_traceback  # as docs/dataloader.md promises
     assert "KeyError" in remote and "__getitem__" in remote
     assert info.value.fastq_remote_traceback == remote
     got += list(it)  # DataLoader goes on past a failed batch

@@ -116,8 +116,9 @@ def test_tensors_held_across_iterations_never_change() -> None:
 
 @pytest.mark.parametrize("slots", [1, 3])
 def test_slots_batches_may_be_kept_while_taking_the_next(slots: int) -> None:
-    """The README's number: `slots` batches alive at each next() go on
-    indefinitely; one more holds every slot of the ring (slots + 1)."""
+    """The documented number (docs/torch.md): `slots` batches alive at each
+    next() go on indefinitely; one more holds every slot of the ring
+    (slots + 1)."""
     with TorchPrefetcher(Images(200), 2, workers=2, slots=slots) as pf:
         it = iter(pf)
         kept = [next(it) for _ in range(slots)]

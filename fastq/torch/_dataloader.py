@@ -60,7 +60,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """``torch.utils.data.DataLoader`` with fastq's workers: the same
     arguments, in the same order, with the same meaning, then fastq's own.
 
-    Differences (the README's migration table gives each with its reason):
+    Differences (the migration table in ``docs/dataloader.md`` gives each
+    with its reason):
     ``num_workers`` defaults to the usable CPUs / ``LOCAL_WORLD_SIZE`` - 1
     for a map-style dataset, and to one worker for an ``IterableDataset``,
     which each worker would read whole unless it shards itself (0 runs in
@@ -69,8 +70,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     ``numpy.random``, so a batch's randomness does not depend on the number
     of workers.
 
-    fastq's arguments
-    -----------------
+    DataLoader's arguments keep torch's meaning; fastq's own come after
+    them, keyword-only.
+
+    Parameters
+    ----------
     slots : int, optional
         Batches in flight; default ``prefetch_factor`` (2) per worker.
     slot_bytes : int, optional

@@ -52,10 +52,10 @@ class _AdapterLoader(torch.utils.data.DataLoader[Any]):
 
 class IterableDataset(torch.utils.data.IterableDataset[Any]):
     """A ``torch.utils.data.IterableDataset`` whose items are whole batches
-    from a :class:`TorchPrefetcher`, for code that expects a DataLoader
+    from a ``TorchPrefetcher``, for code that expects a DataLoader
     (Lightning's ``train_dataloader``, a trainer's ``DataLoader`` argument).
 
-    Takes the arguments of :class:`TorchPrefetcher`. The prefetcher (its
+    Takes the arguments of ``TorchPrefetcher``. The prefetcher (its
     workers, its ring, and its rank and world size) is created on first
     use (``iter`` or ``len``), in the process that uses it, and persists:
     each ``iter()`` is the next epoch. Until then the adapter pickles like
@@ -63,7 +63,7 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
     pickled.
 
     Give it to a DataLoader with ``batch_size=None`` and ``num_workers=0``
-    (or use :meth:`loader`): items already are batches, and fastq's own
+    (or use ``loader()``): items already are batches, and fastq's own
     workers do the loading. Leave the DataLoader's ``pin_memory`` False and
     use fastq's: DataLoader would copy every batch again.
     """

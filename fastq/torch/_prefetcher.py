@@ -115,18 +115,18 @@ def _cpu_tensor(a: Any) -> torch.Tensor:
 
 
 class TorchPrefetcher(Prefetcher):
-    """A :class:`fastq.Prefetcher` that yields torch tensors: CPU tensors
+    """A ``fastq.Prefetcher`` that yields torch tensors: CPU tensors
     over the ring's slots (no copy), page-locked when ``pin_memory=True``,
     or tensors already on a CUDA device.
 
-    Every argument of :class:`fastq.Prefetcher` is accepted as there.
+    Every argument of ``fastq.Prefetcher`` is accepted as there.
     Batches keep the source's structure (a tensor, a tuple or a dict of
     tensors).
 
     Parameters
     ----------
     source, batch_size, *args, **kwargs
-        As for :class:`fastq.Prefetcher`.
+        As for ``fastq.Prefetcher``.
     pin_memory : bool or None
         Page-lock the whole ring once (``cudaHostRegister``), so CPU batches
         are pinned and ``.to('cuda', non_blocking=True)`` copies them by DMA
