@@ -108,10 +108,9 @@ def _unpicklable(method: str, exc: BaseException) -> str:
     if "fork context" in str(exc):
         fix = (
             "it holds a multiprocessing object (a Lock, Value, Queue...) made "
-            "with the 'fork' context, which only forked workers can share. "
-            "Workers fork by default until CUDA is initialised: create the "
-            "loader's workers before the first CUDA call, or make the object "
-            f"with multiprocessing.get_context({method!r})"
+            "with the 'fork' context, which only forked workers can share: "
+            "leave start_method unset (workers fork by default), or make the "
+            f"object with multiprocessing.get_context({method!r})"
         )
     else:
         fix = (

@@ -139,8 +139,7 @@ def _leave_startup_note(
         "rebuild it in a fresh interpreter: every module it uses must be "
         "importable there (on sys.path, not only added to the consumer's), and "
         "its __setstate__ must work there; or let workers fork: leave "
-        "start_method unset (or pass start_method='fork') before CUDA is "
-        "initialised"
+        "start_method unset (or pass start_method='fork')"
     )
     with contextlib.suppress(OSError):
         os.pwrite(stack_file.fd, STARTUP_NOTE + note.encode(errors="replace"), 0)
