@@ -9,7 +9,6 @@ import contextlib
 import copy
 import os
 import warnings
-import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Protocol
@@ -17,7 +16,8 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from . import _report
-from ._consumer import Feed, batch_error
+from ._consumer import Feed
+from ._diagnosis import batch_error
 from ._first_batch import claim_kept
 from ._packing import Codec, PackedSpec, unpack
 from ._plan import Plan, PlanLayout, PlanTable
@@ -355,7 +355,7 @@ class PlannedPrefetcher(Prefetcher):
             timeout=self.timeout,
             copy=False,
             spin_s=_SPIN_NS / 1e9,
-            host=weakref.proxy(self),
+            owner=self,
             fatal_errors=False,
             indices_of=self._planned_indices.get,
         )
@@ -370,7 +370,7 @@ class PlannedPrefetcher(Prefetcher):
 
     def _check_rows(self, indices: Sequence[Any]) -> None:
         if len(indices) > self.max_rows:
-            self._fail(
+            self.fail(
                 ConfigError(
                     f"the sampler's batch {self._epoch_count} of epoch "
                     f"{self._epoch} has {len(indices)} indices, more than "
@@ -485,7 +485,7 @@ class PlannedPrefetcher(Prefetcher):
 
     # ------------------------------------------------------------- batches
 
-    def _unpack(self, lease: SlotLease) -> Any:
+    def unpack(self, lease: SlotLease) -> Any:
         slot = np.frombuffer(memoryview(lease), dtype=np.uint8)
         batch = unpack(slot, lease.payload_bytes, self._codec)
         pinning = self._pinning
@@ -503,7 +503,7 @@ class PlannedPrefetcher(Prefetcher):
             return self._convert(batch)
         return batch
 
-    def _reclaim_slots(self) -> None:
+    def reclaim_slots(self) -> None:
         if self._pinning is not None:
             self._pinning.make_room(self._feed.consumer, self._ring.nslots)
 

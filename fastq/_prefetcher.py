@@ -12,7 +12,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterator
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, NoReturn, TypeVar
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from ._autotune import AUTO_START, Autotuner, cpu_budget
 from ._consumer import Feed
 from ._first_batch import claim_kept, first_plan, receive_map_spec
 from ._pool import WorkerPool, get_context
-from ._ring import MAX_SLOTS, MAX_WORKERS, BatchViews, Ring, region_size
+from ._ring import MAX_SLOTS, MAX_WORKERS, BatchViews, Ring, SlotLease, region_size
 from ._sampler import EpochSampler
 from ._shm import PAGE_SIZE, Region
 from ._spec import BatchSpec
@@ -35,7 +35,7 @@ from ._state import (
 from ._streams import check_stream_source, check_thread_sharding
 from ._thread_workers import ThreadContext
 from ._worker import WorkerConfig
-from .errors import ConfigError, PrefetcherClosed
+from .errors import ConfigError, PrefetcherClosed, RingError
 
 # Room in every slot for an error report, however small the batch.
 _MIN_SLOT_BYTES = 64 * 1024
@@ -503,15 +503,14 @@ class Prefetcher:
             timeout=self.timeout,
             copy=self.copy,
             spin_s=_SPIN_NS / 1e9,
-            host=weakref.proxy(self),
+            owner=self,
             sample_stream=bool(self._stream_rows),
             views=self._batch_views(),
         )
         if resume is not None:
             self._resume_at(resume)
         if stream is not None:
-            self._feed.first_pass = stream.pass_
-            self._feed.resume_items = list(stream.items)
+            self._feed.passes.resume_at(stream)
         if self._auto:
             feed = self._feed
             self._tuner = Autotuner(
@@ -567,7 +566,7 @@ class Prefetcher:
     @property
     def epoch(self) -> int:
         """The epoch the current (or last) ``for`` loop iterates."""
-        return self._feed.epoch
+        return self._feed.epochs.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """The next ``for`` loop iterates epoch ``epoch`` (a resumed run:
@@ -580,9 +579,10 @@ class Prefetcher:
         if e is None or e < 0:
             raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
         feed = self._feed
-        if e * sampler.batches_per_epoch < feed.consumer.next_task and e <= feed.epoch:
+        at = feed.epochs.epoch
+        if e * sampler.batches_per_epoch < feed.consumer.next_task and e <= at:
             raise ConfigError(
-                f"epoch={e}: this Prefetcher is already at epoch {feed.epoch}, "
+                f"epoch={e}: this Prefetcher is already at epoch {at}, "
                 "and its task stream only moves forward; call set_epoch before "
                 "iterating, or create a new Prefetcher to go back"
             )
@@ -613,25 +613,8 @@ class Prefetcher:
                 shuffle_buffer=self.shuffle_buffer,
                 seed=self.seed,
             )
-        sampler = self._sampler
-        if not feed.in_epoch:  # between epochs, or a state loaded, not used
-            delivered = None if self.ordered else sorted(feed.resume_skip)
-            return make_state(
-                sampler,
-                epoch=feed.epoch + 1,
-                done=feed.resume_batch,
-                delivered=delivered,
-            )
-        done = feed.epoch_done_before
-        if self.ordered:
-            done += feed.consumer.handed - feed.epoch_handed0
-            return make_state(sampler, epoch=feed.epoch, done=done, delivered=None)
-        assert feed.delivered is not None
-        got = {t - feed.epoch_start for t in feed.delivered}
-        while done in got:
-            done += 1
-        above = sorted(b for b in got if b > done)
-        return make_state(sampler, epoch=feed.epoch, done=done, delivered=above)
+        epoch, done, above = feed.epochs.place(feed.consumer.handed)
+        return make_state(self._sampler, epoch=epoch, done=done, delivered=above)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``for`` loop resumes where ``state`` (from
@@ -660,7 +643,7 @@ class Prefetcher:
         if epoch * sampler.batches_per_epoch + first < feed.consumer.next_task:
             raise ConfigError(
                 f"state: epoch {epoch}, batch {first} is behind this "
-                f"Prefetcher (at epoch {feed.epoch}), and its task stream only "
+                f"Prefetcher (at epoch {feed.epochs.epoch}), and its task stream only "
                 "moves forward; create a new Prefetcher with state=..."
             )
         feed.end_loops(ConfigError, _LOADED_MID_LOOP)
@@ -672,12 +655,7 @@ class Prefetcher:
         self._resume_at(resume)
 
     def _resume_at(self, resume: Resume) -> None:
-        feed = self._feed
-        feed.epoch = resume.epoch - 1
-        feed.epoch_done = False  # the next loop skips the workers ahead
-        feed.in_epoch = False
-        feed.resume_batch = resume.first
-        feed.resume_skip = resume.skip
+        self._feed.epochs.resume_at(resume)
 
     @property
     def dataset(self) -> Any:
@@ -700,21 +678,32 @@ class Prefetcher:
         spec = self._spec
         if self.copy or not isinstance(spec, BatchSpec) or spec.jagged:
             return None
-        if type(self)._make_batch is not Prefetcher._make_batch:
+        if type(self).make_batch is not Prefetcher.make_batch:
             host = weakref.proxy(self)  # the views must not keep self alive
-            return spec.batch_views(lambda arrays: host._make_batch(arrays))
+            return spec.batch_views(lambda arrays: host.make_batch(arrays))
         return spec.batch_views(None)
 
-    def _make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
+    # ------------------------------------------------- what its Feed calls
+    # (the FeedOwner protocol in fastq/_consumer.py; not for users)
+
+    def make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
         """Turns one batch's leaf arrays (slot views, or copies) into what
         the iteration yields. Subclasses convert them (fastq.torch)."""
         return self._spec.unflatten(arrays)
 
-    def _reclaim_slots(self) -> None:
+    def unpack(self, lease: SlotLease) -> Any:
+        """A packed slot's batch: only a DataLoader's engine packs them."""
+        raise RingError(
+            f"slot {lease.slot} holds a packed batch, but this "
+            f"{type(self).__name__}'s slots hold fixed fields"
+        )
+
+    def reclaim_slots(self) -> None:
         """Called before the consumer sleeps waiting for a batch: a subclass
         that holds slots for pending work (a GPU copy) returns what it can."""
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> NoReturn:
+        """Closes this Prefetcher, then raises ``exc``."""
         self.close()
         raise exc
 

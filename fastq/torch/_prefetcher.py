@@ -216,7 +216,7 @@ class TorchPrefetcher(Prefetcher):
 
     # ------------------------------------------------------------ batches
 
-    def _make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
+    def make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
         cuda = self._cuda
         if cuda is None:
             # The tensors keep the numpy views alive, and with them the
@@ -228,7 +228,7 @@ class TorchPrefetcher(Prefetcher):
             tensors = cuda.pinned_tensors(arrays, self._offsets)
         return self._spec.unflatten(tensors)
 
-    def _reclaim_slots(self) -> None:
+    def reclaim_slots(self) -> None:
         if self._cuda is not None:
             self._cuda.make_room(self._feed.consumer, self._ring.nslots)
 
