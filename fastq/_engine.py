@@ -7,16 +7,16 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NoReturn, Protocol
 
 import numpy as np
 
 from ._autotune import Autotuner
 from ._consumer import Feed
 from ._pool import WorkerPool
-from ._ring import Ring, region_size
+from ._ring import Ring, SlotLease, region_size
 from ._shm import PAGE_SIZE, Region
-from .errors import PrefetcherClosed
+from .errors import PrefetcherClosed, RingError
 
 # How long a waiter spins before it sleeps: longer than a small batch takes
 # to produce, far shorter than a scheduler tick.
@@ -39,6 +39,32 @@ def in_main_thread() -> bool:
     """Workers may die with this thread (PR_SET_PDEATHSIG follows the
     thread that forked them) only if it is the main one."""
     return threading.current_thread() is threading.main_thread()
+
+
+class BatchMaker(Protocol):
+    """What a face hands out for each batch: ``make_batch`` turns a plain
+    slot's leaf arrays (views, or copies) into it; ``unpack`` a packed
+    slot's lease (a DataLoader's). Holds no reference to its face."""
+
+    def make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any: ...
+    def unpack(self, lease: SlotLease) -> Any: ...
+
+
+class PlainBatches:
+    """A Prefetcher's batch: the leaves (views of the slot, or copies) in
+    the source's structure."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+    def make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
+        return self.spec.unflatten(arrays)
+
+    def unpack(self, lease: SlotLease) -> Any:
+        raise RingError(
+            f"slot {lease.slot} holds a packed batch, but this ring's slots "
+            "hold fixed fields"
+        )
 
 
 class SlotPinning(Protocol):
@@ -64,6 +90,10 @@ class Engine:
     ``pinning`` makes the face's SlotPinning, attached when the feed opens:
     after the workers have started, so that they never inherit a
     registered mapping.
+
+    The engine is its feed's owner (FeedOwner in fastq/_consumer.py): it
+    makes batches through the face's BatchMaker, returns slots held for
+    device work, and closes on a fatal error, which closes its face.
     """
 
     def __init__(self, pinning: Callable[[], SlotPinning] | None = None) -> None:
@@ -73,6 +103,8 @@ class Engine:
         self.feed: Feed | None = None
         self.tuner: Autotuner | None = None
         self.pinning: SlotPinning | None = None
+        self.batches: BatchMaker | None = None
+        self.closed = False
         self._make_pinning = pinning
 
     # ------------------------------------------------------------ start
@@ -95,16 +127,26 @@ class Engine:
         )
         return self.ring
 
-    def open_feed(self, spec: Any, sampler: Any, **options: Any) -> Feed:
-        """The feed over the ring, once the workers and the ring exist; a
-        page-locked ring is attached first."""
+    def open_feed(
+        self, spec: Any, sampler: Any, batches: BatchMaker, **options: Any
+    ) -> Feed:
+        """The feed over the ring, once the workers and the ring exist,
+        handing out what ``batches`` makes; a page-locked ring is attached
+        first."""
         assert self.ring is not None and self.pool is not None
         assert self.region is not None
         if self._make_pinning is not None:
             self.pinning = self._make_pinning()
             self.pinning.attach(self.region.mapping)
+        self.batches = batches
         self.feed = Feed(
-            self.ring, self.pool, spec, sampler, spin_s=SPIN_NS / 1e9, **options
+            self.ring,
+            self.pool,
+            spec,
+            sampler,
+            spin_s=SPIN_NS / 1e9,
+            owner=self,
+            **options,
         )
         return self.feed
 
@@ -117,14 +159,26 @@ class Engine:
             self.ring, workers, lambda: (feed.consumer.delivered, feed.wait_ns)
         )
 
-    # ------------------------------------------------------------ batches
+    # ------------------------------------- what the feed calls (FeedOwner)
 
-    def make_room(self) -> None:
+    def make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
+        assert self.batches is not None
+        return self.batches.make_batch(arrays)
+
+    def unpack(self, lease: SlotLease) -> Any:
+        assert self.batches is not None
+        return self.batches.unpack(lease)
+
+    def reclaim_slots(self) -> None:
         """Before the consumer sleeps for a batch: slots held only for
         device work (a pinned ring's) are waited for instead."""
         if self.pinning is not None:
             assert self.feed is not None and self.ring is not None
             self.pinning.make_room(self.feed.consumer, self.ring.nslots)
+
+    def fail(self, exc: BaseException) -> NoReturn:
+        self.close()
+        raise exc
 
     def held_by_loop(self) -> int:
         """Slots whose batches the loop still references (not those only
@@ -140,6 +194,9 @@ class Engine:
         copies from the ring and unpins it, reaps the workers (bounded),
         then unmaps the region (also after a Ctrl+C that cut the workers'
         grace short). The pinning stays readable, closed."""
+        if self.closed:
+            return
+        self.closed = True
         if self.feed is not None:
             # The current loop ends with an error, so that a close() from
             # another thread cannot pass for an end.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _report
-from ._consumer import batch_error
+from ._diagnosis import batch_error
 from ._handshake import Answer, FirstItemFailed, SpecFound, WorkerInitFailed
 from ._plan import Plan
 from ._ring import Ring

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from ._arguments import Settings
 from ._autotune import AUTO_START
-from ._engine import Engine, SlotPinning, in_main_thread
+from ._engine import Engine, PlainBatches, SlotPinning, in_main_thread
 from ._first_batch import claim_kept, first_plan, receive_map_spec
 from ._ring import BatchViews, Ring
 from ._spec import BatchSpec
@@ -26,37 +26,46 @@ def launch(
     stream: StreamResume | None,
     *,
     pid: int,
-    host: Any,
-    views: Callable[[BatchSpec], BatchViews | None],
+    batches: Callable[[BatchSpec, Engine], PlainBatches],
     pinning: Callable[[], SlotPinning] | None,
 ) -> tuple[Engine, BatchSpec]:
     """A started engine and its spec; with ``resume``, the workers begin at
     its first batch (the skipped ones are never made), with ``stream``,
-    each passes over the items it delivered. ``host`` makes the batches
-    (Feed's owner), ``views`` makes plain ones in compiled code. Whatever
-    started is stopped if the start fails."""
+    each passes over the items it delivered. ``batches`` makes what the
+    face hands out, once the spec is known. Whatever started is stopped if
+    the start fails."""
     engine = Engine(pinning)
     try:
         spec = _start(engine, s, resume, stream, pid)
+        maker = batches(spec, engine)
         feed = engine.open_feed(
             spec,
             s.sampler,
+            maker,
             ordered=s.ordered,
             timeout=s.timeout,
             copy=s.copy,
-            host=host,
             sample_stream=bool(s.stream_rows),
-            views=views(spec),
+            views=_views(s, spec, maker),
         )
         if stream is not None:
-            feed.first_pass = stream.pass_
-            feed.resume_items = list(stream.items)
+            feed.passes.resume_at(stream)
         if s.auto:
             engine.autotune(s.workers)
     except BaseException:
         engine.close()
         raise
     return engine, spec
+
+
+def _views(s: Settings, spec: BatchSpec, maker: PlainBatches) -> BatchViews | None:
+    """How the consumer makes a plain batch in compiled code; None where
+    each batch takes the full path (copied out, jagged)."""
+    if s.copy or spec.jagged:
+        return None
+    if type(maker) is PlainBatches:
+        return spec.batch_views(None)
+    return spec.batch_views(maker.make_batch)
 
 
 def _start(

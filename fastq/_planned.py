@@ -10,7 +10,6 @@ import contextlib
 import copy
 import os
 import warnings
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable, NoReturn, Protocol
 
@@ -27,6 +26,7 @@ from ._shm import PAGE_SIZE
 from ._turns import Turns
 from ._worker import WorkerConfig
 from ._worker_info import WorkerInfo
+from .errors import RingError
 
 
 class PackedSource(Protocol):
@@ -195,10 +195,10 @@ class PlannedLoader:
         feed = engine.open_feed(
             spec,
             None,
+            self._batches,
             ordered=self.ordered,
             timeout=self.timeout,
             copy=False,
-            host=weakref.proxy(self),
             fatal_errors=False,
             indices_of=None if planner is None else planner.indices.get,
         )
@@ -306,12 +306,6 @@ class PlannedLoader:
 
     # ------------------------------------------------------------- batches
 
-    def _unpack(self, lease: SlotLease) -> Any:
-        return self._batches.make(lease)
-
-    def _reclaim_slots(self) -> None:
-        self._engine.make_room()
-
     def _fail(self, exc: BaseException) -> NoReturn:
         self.close()
         raise exc
@@ -319,11 +313,12 @@ class PlannedLoader:
     # ---------------------------------------------------------- lifecycle
 
     def _check_open(self) -> None:
-        check_open(self._closed, self._pid)
+        check_open(self.closed, self._pid)
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        # Its engine closes itself on a fatal error (a worker's death).
+        return self._closed or self._engine.closed
 
     def close(self) -> None:
         """Stops and reaps every worker; batches handed out stay valid."""
@@ -364,7 +359,8 @@ class PlannedLoader:
 class _PackedBatches:
     """A packed slot's batch as the loop gets it: rebuilt over the slot,
     held for device work when the ring is pinned, copied out once the loop
-    keeps too many, converted (pinned) by ``convert``."""
+    keeps too many, converted (pinned) by ``convert``. A DataLoader's slots
+    hold packed batches only."""
 
     def __init__(
         self,
@@ -382,7 +378,10 @@ class _PackedBatches:
         self._warned_keeping = False
         self._convert = convert
 
-    def make(self, lease: SlotLease) -> Any:
+    def make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
+        raise RingError("a DataLoader's slots hold packed batches only")
+
+    def unpack(self, lease: SlotLease) -> Any:
         slot = np.frombuffer(memoryview(lease), dtype=np.uint8)
         batch = unpack(slot, lease.payload_bytes, self._codec)
         engine = self._engine

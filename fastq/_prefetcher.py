@@ -6,19 +6,16 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-import weakref
 from collections.abc import Iterator
 from typing import Any, Callable, TypeVar
-
-import numpy as np
 
 from ._arguments import as_int, resolve, spare_one
 from ._autotune import cpu_budget
 from ._consumer import Feed
-from ._engine import Engine, SlotPinning, check_open
+from ._engine import Engine, PlainBatches, SlotPinning, check_open
 from ._launch import launch
 from ._pool import WorkerPool
-from ._ring import BatchViews, Ring
+from ._ring import Ring
 from ._shm import Region
 from ._spec import BatchSpec
 from ._state import (
@@ -238,8 +235,7 @@ class Prefetcher:
             resume,
             self._stream_resume,
             pid=self._pid,
-            host=weakref.proxy(self),
-            views=self._batch_views,
+            batches=self._batches,
             pinning=self._pinning(),
         )
         if resume is not None:
@@ -295,7 +291,7 @@ class Prefetcher:
     @property
     def epoch(self) -> int:
         """The epoch the current (or last) ``for`` loop iterates."""
-        return self._feed.epoch
+        return self._feed.epochs.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """The next ``for`` loop iterates epoch ``epoch`` (a resumed run:
@@ -308,9 +304,10 @@ class Prefetcher:
         if e is None or e < 0:
             raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
         feed = self._feed
-        if e * sampler.batches_per_epoch < feed.consumer.next_task and e <= feed.epoch:
+        at = feed.epochs.epoch
+        if e * sampler.batches_per_epoch < feed.consumer.next_task and e <= at:
             raise ConfigError(
-                f"epoch={e}: this Prefetcher is already at epoch {feed.epoch}, "
+                f"epoch={e}: this Prefetcher is already at epoch {at}, "
                 "and its task stream only moves forward; call set_epoch before "
                 "iterating, or create a new Prefetcher to go back"
             )
@@ -341,25 +338,8 @@ class Prefetcher:
                 shuffle_buffer=self.shuffle_buffer,
                 seed=self.seed,
             )
-        sampler = self._sampler
-        if not feed.in_epoch:  # between epochs, or a state loaded, not used
-            delivered = None if self.ordered else sorted(feed.resume_skip)
-            return make_state(
-                sampler,
-                epoch=feed.epoch + 1,
-                done=feed.resume_batch,
-                delivered=delivered,
-            )
-        done = feed.epoch_done_before
-        if self.ordered:
-            done += feed.consumer.handed - feed.epoch_handed0
-            return make_state(sampler, epoch=feed.epoch, done=done, delivered=None)
-        assert feed.delivered is not None
-        got = {t - feed.epoch_start for t in feed.delivered}
-        while done in got:
-            done += 1
-        above = sorted(b for b in got if b > done)
-        return make_state(sampler, epoch=feed.epoch, done=done, delivered=above)
+        epoch, done, above = feed.epochs.place(feed.consumer.handed)
+        return make_state(self._sampler, epoch=epoch, done=done, delivered=above)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``for`` loop resumes where ``state`` (from
@@ -388,7 +368,7 @@ class Prefetcher:
         if epoch * sampler.batches_per_epoch + first < feed.consumer.next_task:
             raise ConfigError(
                 f"state: epoch {epoch}, batch {first} is behind this "
-                f"Prefetcher (at epoch {feed.epoch}), and its task stream only "
+                f"Prefetcher (at epoch {feed.epochs.epoch}), and its task stream only "
                 "moves forward; create a new Prefetcher with state=..."
             )
         feed.end_loops(ConfigError, _LOADED_MID_LOOP)
@@ -400,12 +380,7 @@ class Prefetcher:
         self._resume_at(resume)
 
     def _resume_at(self, resume: Resume) -> None:
-        feed = self._feed
-        feed.epoch = resume.epoch - 1
-        feed.epoch_done = False  # the next loop skips the workers ahead
-        feed.in_epoch = False
-        feed.resume_batch = resume.first
-        feed.resume_skip = resume.skip
+        self._feed.epochs.resume_at(resume)
 
     @property
     def dataset(self) -> Any:
@@ -422,38 +397,19 @@ class Prefetcher:
             return self._feed.begin_epoch()
         return self._feed.begin_pass()
 
-    def _batch_views(self, spec: BatchSpec) -> BatchViews | None:
-        """How the consumer makes a plain batch in compiled code; None where
-        each batch takes the full path (copied out, jagged or packed)."""
-        if self.copy or not isinstance(spec, BatchSpec) or spec.jagged:
-            return None
-        if type(self)._make_batch is not Prefetcher._make_batch:
-            host = weakref.proxy(self)  # the views must not keep self alive
-            return spec.batch_views(lambda arrays: host._make_batch(arrays))
-        return spec.batch_views(None)
-
-    def _make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
-        """Turns one batch's leaf arrays (slot views, or copies) into what
-        the iteration yields. Subclasses convert them (fastq.torch)."""
-        return self._spec.unflatten(arrays)
-
-    def _reclaim_slots(self) -> None:
-        """Called before the consumer sleeps waiting for a batch: slots held
-        for pending device work (a pinned ring's) are returned or waited for."""
-        self._engine.make_room()
-
-    def _fail(self, exc: BaseException) -> None:
-        self.close()
-        raise exc
+    def _batches(self, spec: BatchSpec, engine: Engine) -> PlainBatches:
+        """What this face hands out for each batch (fastq.torch: tensors)."""
+        return PlainBatches(spec)
 
     # ------------------------------------------------------- lifecycle
 
     def _check_open(self) -> None:
-        check_open(self._closed, self._pid)
+        check_open(self.closed, self._pid)
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        # Its engine closes itself on a fatal error (a worker's death).
+        return self._closed or self._engine.closed
 
     def close(self) -> None:
         """Stops and reaps every worker (bounded: about a second). Batches
@@ -481,6 +437,9 @@ class Prefetcher:
 
     def __del__(self) -> None:
         if getattr(self, "_closed", True) or os.getpid() != getattr(self, "_pid", -1):
+            return
+        if self._engine.closed:
+            self._closed = True  # closed by a fatal error: nothing to warn of
             return
         warnings.warn(
             "fastq.Prefetcher was not closed; use it as a context manager or "

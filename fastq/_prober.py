@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 from . import _report
-from ._consumer import batch_error
+from ._diagnosis import batch_error
 from ._handshake import (
     FirstItemFailed,
     Probe,

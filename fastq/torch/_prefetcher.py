@@ -4,14 +4,17 @@ ring with copies to the GPU on a side stream."""
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.utils.data
 
+from .._engine import Engine, PlainBatches
 from .._jagged import Jagged, JaggedArray
 from .._prefetcher import Prefetcher
+from .._spec import BatchSpec
 from ..errors import ConfigError, SpecError
 from ._pinned import CudaRing
 
@@ -181,7 +184,6 @@ class TorchPrefetcher(Prefetcher):
         self.device = dev
         self.pin_memory = pin
         super().__init__(source, batch_size, *args, **kwargs)
-        self._offsets = [f.offset for f in self._spec.fields]
         try:
             self._check_dtypes()
         except BaseException:
@@ -224,16 +226,27 @@ class TorchPrefetcher(Prefetcher):
                     "batches"
                 ) from None
 
-    # ------------------------------------------------------------ batches
+    def _batches(self, spec: BatchSpec, engine: Engine) -> PlainBatches:
+        return _TensorBatches(spec, engine)
 
-    def _make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
-        cuda = self._cuda
+
+class _TensorBatches(PlainBatches):
+    """A TorchPrefetcher's batch: CPU tensors over the slot, pinned ones
+    over a page-locked ring, or copies on the device."""
+
+    def __init__(self, spec: BatchSpec, engine: Engine) -> None:
+        super().__init__(spec)
+        self._engine = weakref.proxy(engine)  # its owner: no cycle
+        self._offsets = [f.offset for f in spec.fields]
+
+    def make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
+        cuda: CudaRing | None = self._engine.pinning
         if cuda is None:
             # The tensors keep the numpy views alive, and with them the
             # lease: the slot returns when the last tensor is garbage.
             tensors = [_cpu_tensor(a) for a in arrays]
-        elif self.device is not None:
+        elif cuda.stream is not None:  # device=
             tensors = cuda.to_device(arrays)
         else:
             tensors = cuda.pinned_tensors(arrays, self._offsets)
-        return self._spec.unflatten(tensors)
+        return self.spec.unflatten(tensors)
