@@ -31,7 +31,7 @@ from .errors import RingError
 # it (claim_kept). The census then records the worker holding that slot
 # and task (a death names the batch, a timeout shows its stack), and the
 # worker finds the slot there and delivers the kept batch before its loop
-# (fastq._worker._Producer._kept_slot).
+# (fastq._worker_loops.Producer._kept_slot).
 #
 # Deadlock freedom (DESIGN.md section 3) holds as for any claim: the
 # lowest task holds a slot from the start, and every later one is claimed

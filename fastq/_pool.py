@@ -1,4 +1,5 @@
-"""Worker processes: start method, start, death watch and bounded teardown."""
+"""Worker processes: start method, start, the hand-over of the ring and
+bounded teardown; the death watch is fastq/_death_watch.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from multiprocessing.connection import wait
 from typing import Any
 
+from ._death_watch import MAIN_REIMPORTED_EXIT, DeathWatch, main_reimported
 from ._handoff import handoff_for_workers
 from ._handshake import (
     Answer,
@@ -27,12 +29,12 @@ from ._handshake import (
     stream_spec,
 )
 from ._plan import PlanLayout
-from ._ring import NO_TASK, OWNER_READY, OWNER_WORKER, READY, Ring
+from ._ring import NO_TASK, OWNER_WORKER, Ring
 from ._shared_arrays import Handoff
-from ._shm import Region, SharedFd, anonymous_file
+from ._shm import Region
 from ._thread_workers import METHOD as THREAD_METHOD
 from ._thread_workers import ThreadWorker
-from ._worker import STARTUP_NOTE, WorkerConfig, worker_main
+from ._worker import WorkerConfig, worker_main
 from .errors import ConfigError, EmptySource, FetchTimeout, WorkerDied
 
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -102,27 +104,6 @@ def _forkserver_preload() -> list[str]:
     return ["__main__", "fastq._worker", *torch]
 
 
-def _exit_description(exitcode: int | None) -> tuple[str, str]:
-    if exitcode is None:
-        return "is gone", ""
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        hint = {
-            "SIGKILL": "; SIGKILL usually means the out-of-memory killer: check "
-            "`dmesg` and lower memory use per worker or the number of workers",
-            "SIGSEGV": "; a segmentation fault in native code the worker ran",
-            "SIGBUS": "; a bus error: memory backing a mapping went away",
-        }.get(name, "")
-        return f"was killed by {name}", hint
-    return f"exited with code {exitcode}", (
-        "; user code called sys.exit() or os._exit(), or the worker failed "
-        "outside any batch (its traceback is on stderr)"
-    )
-
-
 @contextlib.contextmanager
 def _sigint_ignored() -> Iterator[None]:
     """Children start with SIGINT ignored (the disposition survives fork and
@@ -142,27 +123,6 @@ def _sigint_ignored() -> Iterator[None]:
 # Pools alive in this process, for the fork and exit hooks below.
 _live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 
-# The exit code of a worker that found itself re-running the main script's
-# Prefetcher while multiprocessing started it (no __main__ guard).
-MAIN_REIMPORTED_EXIT = 86
-
-
-def _main_reimported(method: str | None) -> str:
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None) or "the main script"
-    who = (
-        "spawn and forkserver workers"
-        if method is None
-        else f"start_method={method!r} workers"
-    )
-    return (
-        f"{who} import the main script ({path}) again, and it creates a "
-        "Prefetcher at import time, so each worker tried to start workers of "
-        "its own. Put the code that creates and "
-        'iterates the Prefetcher under `if __name__ == "__main__":` (or in a '
-        "function called from there), or use start_method='fork'"
-    )
-
 
 def _check_can_start_workers() -> None:
     """Refuses, with the cause and the fix, where multiprocessing would
@@ -175,7 +135,7 @@ def _check_can_start_workers() -> None:
         # consumer name the cause; raising would only print multiprocessing's
         # RuntimeError here, and the consumer would see exit code 1.
         with contextlib.suppress(Exception):
-            sys.stderr.write(f"fastq: {_main_reimported(None)}\n")
+            sys.stderr.write(f"fastq: {main_reimported(None)}\n")
             sys.stderr.flush()
             sys.stdout.flush()
         os._exit(MAIN_REIMPORTED_EXIT)
@@ -265,7 +225,9 @@ def _close_channels(channels: list[Any]) -> None:
 
 
 class WorkerPool:
-    """Starts the workers and watches them; a death alerts the consumer.
+    """Starts the workers, hands them the ring and tears them down, in
+    bounded time; its DeathWatch (fastq/_death_watch.py) watches them once
+    they have the ring, and a death alerts the consumer.
 
     With a ring, workers attach to it at once. Without one (a source whose
     spec is not given), worker 0 makes its first batch and sends its spec
@@ -294,9 +256,7 @@ class WorkerPool:
         # dropped in a reference cycle (an exception's traceback) would
         # otherwise close a descriptor twice, maybe someone else's.
         weakref.finalize(self, _close_channels, self._channels)
-        self._stop_r, self._stop_w = os.pipe()
-        self._stack_fds: list[int] = []
-        self._watcher: threading.Thread | None = None
+        self._deaths = DeathWatch(self.processes, self._method, ring)
         self._handoff: Handoff | None = None
         _live_pools.add(self)
         try:
@@ -314,9 +274,7 @@ class WorkerPool:
                 cfg.handoff = self._handoff
             for cfg in configs:
                 if not threads:  # a thread's stack is read directly
-                    fd = anonymous_file("fastq-stack")
-                    self._stack_fds.append(fd)
-                    cfg.stack_file = SharedFd(fd)
+                    cfg.stack_file = self._deaths.stack_file()
                 child_end = None
                 if ring is None:
                     mine, child_end = ctx.Pipe(duplex=True)
@@ -343,10 +301,10 @@ class WorkerPool:
 
     def _watch_ring(self, ring: Ring) -> None:
         self._ring = ring
-        self._watcher = threading.Thread(
-            target=self._watch, name="fastq-death-watcher", daemon=True
-        )
-        self._watcher.start()
+        self._deaths.start(ring, self._died)
+
+    def _died(self, failure: WorkerDied) -> None:
+        self.failure = failure
 
     # ------------------------------------------------ spec from a worker
 
@@ -405,8 +363,7 @@ class WorkerPool:
                     ready = wait(list(sentinels), 1.0) or list(sentinels)[:1]
             for s in ready:
                 if s in sentinels:
-                    self._record_death(sentinels[s])
-                    assert self.failure is not None
+                    self.failure = self._deaths.diagnose(sentinels[s])
                     raise self.failure
 
     @staticmethod
@@ -471,97 +428,8 @@ class WorkerPool:
         ]
 
     def stack_of(self, wid: int) -> str:
-        """The worker's Python stack, dumped by its faulthandler on SIGUSR1;
-        empty if it cannot be had within a fraction of a second."""
-        worker = self.processes[wid]
-        if isinstance(worker, ThreadWorker):
-            return worker.stack()
-        fd = self._stack_fds[wid]
-        before = os.fstat(fd).st_size
-        try:
-            os.kill(self.processes[wid].pid, signal.SIGUSR1)
-        except OSError:
-            return ""
-        # The dump is written from the signal handler in microseconds; the
-        # bound only covers a worker that is not scheduled right away.
-        deadline = time.monotonic() + 0.5
-        size = before
-        while time.monotonic() < deadline:
-            time.sleep(0.01)
-            now = os.fstat(fd).st_size
-            if now > before and now == size:
-                break
-            size = now
-        return os.pread(fd, size - before, before).decode(errors="replace")
-
-    def _watch(self) -> None:
-        sentinels = {p.sentinel: i for i, p in enumerate(self.processes)}
-        ready = wait([*sentinels, self._stop_r])
-        if self._closing or self._stop_r in ready:
-            return
-        for s in ready:
-            if s in sentinels:
-                self._record_death(sentinels[s])
-                break
-        assert self._ring is not None
-        self._ring.alert()
-
-    def _record_death(self, wid: int) -> None:
-        p = self.processes[wid]
-        p.join(0.1)
-        how, hint = _exit_description(p.exitcode)
-        if isinstance(p, ThreadWorker):
-            how = f"(a thread) ended outside any batch: {p.error.strip()}"
-            hint = ""
-        held, task, claiming = self._what_it_held(wid)
-        message = f"worker {wid} (pid {p.pid}) {how}{held}{hint}"
-        reason = self._startup_note(wid)
-        if not reason and p.exitcode == MAIN_REIMPORTED_EXIT:
-            reason = _main_reimported(self._method)
-        if reason:
-            message = f"worker {wid} (pid {p.pid}) could not start ({how}): {reason}"
-        self.failure = WorkerDied(
-            message,
-            worker=wid,
-            pid=p.pid,
-            exitcode=p.exitcode,
-            task=task,
-            claiming=claiming,
-        )
-
-    def _startup_note(self, wid: int) -> str:
-        """Why the worker could not start, if it left that in its stack
-        file (see _worker.STARTUP_NOTE)."""
-        try:
-            data = os.pread(self._stack_fds[wid], 1 << 16, 0)
-        except (OSError, IndexError):
-            return ""
-        if not data.startswith(STARTUP_NOTE):
-            return ""
-        return data[len(STARTUP_NOTE) :].decode(errors="replace")
-
-    def _what_it_held(self, wid: int) -> tuple[str, int | None, bool]:
-        """From the slot census: (words for the message, the batch it took
-        with it or None, whether it died between a claim and its record)."""
-        ring = self._ring
-        if ring is None:
-            return " before the ring existed", None, False
-        for slot, (kind, who, task) in enumerate(ring.census()):
-            if who != wid:
-                continue
-            if kind == OWNER_WORKER and task != NO_TASK:
-                return f" while producing batch {task} (slot {slot})", task, False
-            if kind == OWNER_WORKER:
-                return (
-                    f" holding slot {slot} before its next batch was recorded",
-                    None,
-                    True,
-                )
-            if kind == OWNER_READY and not ring.queued(READY, slot):
-                # Either lost inside its push or being taken by the
-                # consumer right now: this thread cannot tell which.
-                return f" after publishing batch {task} (slot {slot})", None, False
-        return "", None, False
+        """The worker's Python stack (DeathWatch.stack_of)."""
+        return self._deaths.stack_of(wid)
 
     def close(self) -> None:
         """Bounded: close the ring (wakes every waiter), give workers
@@ -569,10 +437,10 @@ class WorkerPool:
         if os.getpid() != self._pid or self._closing:
             return
         self._closing = True
+        self._deaths.stop()
         if self._ring is not None:
             self._ring.close()
         _close_channels(self._channels)  # a worker waiting for the ring leaves
-        os.write(self._stop_w, b"x")
         alive = [p for p in self.processes if p.pid is not None]
         try:
             self._reap(alive, GRACE_SECONDS)
@@ -582,12 +450,10 @@ class WorkerPool:
             self._reap(alive, 0.0)
             raise
         finally:
-            for fd in [self._stop_r, self._stop_w, *self._stack_fds]:
-                os.close(fd)
+            self._deaths.close()
             for p in self.processes:
                 if isinstance(p, ThreadWorker):
                     p.close()
-            self._stack_fds = []
             if self._handoff is not None:
                 self._handoff.close()
 
@@ -604,6 +470,4 @@ class WorkerPool:
                 p.kill()
         for p in alive:
             p.join(2.0)
-        watcher = self._watcher
-        if watcher is not None:
-            watcher.join(1.0)
+        self._deaths.join(1.0)
