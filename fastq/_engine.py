@@ -70,8 +70,8 @@ class PlainBatches:
 class SlotPinning(Protocol):
     """A page-locked ring (fastq/torch/_pinned.py): attached once the ring
     and its workers exist, it keeps a released slot until the device work
-    that may still read it has run, and is closed before the ring is
-    unmapped."""
+    that may still read it has run, and is closed before the ring
+    closes."""
 
     @property
     def waiting(self) -> int: ...
@@ -81,15 +81,26 @@ class SlotPinning(Protocol):
     def close(self) -> None: ...
 
 
+# NOTE [ The ring is pinned after its workers start ]
+#
+# Page-locking the ring (cudaHostRegister) is the first CUDA call a loader
+# makes, and the driver may mark page-locked memory so that a forked child
+# does not inherit it. The ring is therefore pinned only once its workers
+# exist: they fork from a process in which it is not yet pinned. Workers
+# map a region from its descriptor, never through an inherited mapping, so
+# a second loader whose workers fork while the first one's ring is pinned
+# (a validation loader beside a training one) needs none of those pages.
+
+
 class Engine:
     """What one Prefetcher or DataLoader runs on. Built in steps, because
     without a spec the workers start before the ring exists (its slots are
     sized from their first batch): ``start_workers``, ``build_ring``,
     ``open_feed``, in whichever order the face needs, and ``close``.
 
-    ``pinning`` makes the face's SlotPinning, attached when the feed opens:
-    after the workers have started, so that they never inherit a
-    registered mapping.
+    ``pinning`` makes the face's SlotPinning, attached when the feed opens,
+    after the workers have started (NOTE [ The ring is pinned after its
+    workers start ]).
 
     The engine is its feed's owner (FeedOwner in fastq/_consumer.py): it
     makes batches through the face's BatchMaker, returns slots held for
@@ -177,8 +188,12 @@ class Engine:
             self.pinning.make_room(self.feed.consumer, self.ring.nslots)
 
     def fail(self, exc: BaseException) -> NoReturn:
-        self.close()
-        raise exc
+        """Closes the engine, then raises ``exc``, the error the loop must
+        see even if closing raised too (that error is its context)."""
+        try:
+            self.close()
+        finally:
+            raise exc
 
     def held_by_loop(self) -> int:
         """Slots whose batches the loop still references (not those only
@@ -191,9 +206,11 @@ class Engine:
 
     def close(self) -> None:
         """Ends every open loop, stops the tuner's thread, waits for device
-        copies from the ring and unpins it, reaps the workers (bounded),
-        then unmaps the region (also after a Ctrl+C that cut the workers'
-        grace short). The pinning stays readable, closed."""
+        copies from the ring and unpins it, closes the ring (which wakes
+        every waiter), reaps the workers (bounded), then closes the region's
+        descriptor; each step runs even if one before it raised (a Ctrl+C
+        that cut the workers' grace short, a CUDA error). The pinning stays
+        readable, closed."""
         if self.closed:
             return
         self.closed = True
@@ -206,17 +223,21 @@ class Engine:
                 "to go on"
             )
         tuner, self.tuner = self.tuner, None
-        if tuner is not None:
-            tuner.stop()  # no thread of this engine outlives close()
         try:
             try:
-                if self.pinning is not None:
-                    self.pinning.close()
+                try:
+                    if tuner is not None:
+                        tuner.stop()  # no thread of this engine outlives close()
+                finally:
+                    if self.pinning is not None:
+                        self.pinning.close()
             finally:
+                # The ring may exist before the pool has it (a DataLoader's,
+                # until its region is handed over): closed here either way.
+                if self.ring is not None:
+                    self.ring.close()
                 if self.pool is not None:
                     self.pool.close()
-                elif self.ring is not None:
-                    self.ring.close()
         finally:
             if self.region is not None:
                 self.region.close()

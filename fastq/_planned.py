@@ -11,7 +11,7 @@ import copy
 import os
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable, NoReturn, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class PlannedLoader:
 
     Slots are sized from worker 0's first batch (task 0 of the first epoch,
     never made in this process), scaled to ``max_rows`` indices, unless
-    ``slot_bytes`` is given. ``make_batch`` converts each batch (pins it);
+    ``slot_bytes`` is given. ``convert`` converts each batch (pins it);
     ``pinning`` page-locks the ring once it exists, so that its batches are
     pinned as they are.
     """
@@ -77,15 +77,14 @@ class PlannedLoader:
         slot_bytes: int | None,
         rank: int,
         world_size: int,
-        make_batch: Callable[[Any], Any] | None = None,
+        convert: Callable[[Any], Any] | None = None,
         first_batch: int = 0,
         pinning: Callable[[], SlotPinning] | None = None,
     ) -> None:
         self._pid = os.getpid()
         self._closed = True
         self._engine = Engine(pinning)
-        self._is_map = first is not None
-        self._batches = _PackedBatches(self._engine, source.codec, slots, make_batch)
+        self._batches = _PackedBatches(self._engine, source.codec, slots, convert)
         self.ordered = ordered
         self.timeout = timeout
         self.workers = workers
@@ -107,7 +106,7 @@ class PlannedLoader:
                 epoch=epoch,
                 first_batch=first_batch,
                 ordered=ordered,
-                fail=self._fail,
+                fail=self._engine.fail,
             )
             max_rows = self._planner.max_rows
             first_plan = self._planner.next_plan()
@@ -261,19 +260,19 @@ class PlannedLoader:
     def next_in_epoch(self, token: int, handed0: int) -> Any:
         """The epoch's next batch for the loop ``token``, which began with
         ``handed0`` handed out; StopIteration at its end."""
-        if self.sizing:
-            self._check_open()
-            self._prober.next_item(lambda: self.sizing)
         feed = self._engine.feed
+        if feed is None:  # sizing: no batch made yet
+            self.next_before_ring()
+            feed = self._engine.feed
         planner = self._planner
         assert feed is not None and planner is not None
         if token != feed.live:
             feed.check_closed(token)  # closed while this loop ran
             raise StopIteration
-        self._fill()
         c = feed.consumer
+        planner.fill(c.next_task)
         done = c.handed + self._prober.handed - handed0 + planner.epoch_first
-        if planner.over(done):
+        if done >= planner.epoch_count and planner.exhausted:
             raise StopIteration
         lease = feed.next_lease(planner.epoch_start, planner.planned)
         task = lease.task
@@ -286,7 +285,7 @@ class PlannedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self._check_open()
-        if self._is_map:
+        if self._planner is not None:
             raise TypeError("a planned source is iterated with begin_epoch()")
         feed = self._engine.feed
         if feed is not None:
@@ -297,18 +296,13 @@ class PlannedLoader:
         return _PassBeforeRing(self)
 
     def next_before_ring(self) -> None:
-        """An iterable's next item while sizing (FirstBatchProber.next_item)."""
+        """The next item while sizing (FirstBatchProber.next_item): a first
+        batch's error, StopIteration, or a return once the ring exists."""
         self._check_open()
         self._prober.next_item(lambda: self.sizing)
 
     def __len__(self) -> int:
         raise TypeError("a DataLoader's engine has no len(); ask the DataLoader")
-
-    # ------------------------------------------------------------- batches
-
-    def _fail(self, exc: BaseException) -> NoReturn:
-        self.close()
-        raise exc
 
     # ---------------------------------------------------------- lifecycle
 
@@ -385,14 +379,18 @@ class _PackedBatches:
         slot = np.frombuffer(memoryview(lease), dtype=np.uint8)
         batch = unpack(slot, lease.payload_bytes, self._codec)
         engine = self._engine
-        if engine.pinning is not None:
-            engine.pinning.hold(slot, lease)
-        del slot
+        pinning = engine.pinning
         if engine.held_by_loop() >= self._keep_limit:
             # The loop keeps its batches (list(loader), a running list of
             # outputs): from here on each batch is copied and its slot
             # returned at once, so the workers never run out of slots.
-            batch = self._copied(batch)
+            copied = self._copied(batch)
+            if copied is not batch:
+                batch = copied
+                pinning = None  # nothing handed out reads the slot
+        if pinning is not None:
+            pinning.hold(slot, lease)
+        del slot
         if self._convert is not None:
             return self._convert(batch)
         return batch
@@ -439,10 +437,10 @@ class _PassBeforeRing:
     """An iterable source's first pass while no worker has made a batch:
     raises the first batches' errors, then goes on over the ring."""
 
-    __slots__ = ("_engine", "_it")
+    __slots__ = ("_it", "_loader")
 
-    def __init__(self, engine: PlannedLoader) -> None:
-        self._engine = engine
+    def __init__(self, loader: PlannedLoader) -> None:
+        self._loader = loader
         self._it: Iterator[Any] | None = None
 
     def __iter__(self) -> _PassBeforeRing:
@@ -450,10 +448,10 @@ class _PassBeforeRing:
 
     def __next__(self) -> Any:
         if self._it is None:
-            engine = self._engine
-            if engine.sizing:
-                engine.next_before_ring()
-            self._it = engine._feed.begin_pass()
+            loader = self._loader
+            if loader.sizing:
+                loader.next_before_ring()
+            self._it = loader._feed.begin_pass()
         return next(self._it)
 
 

@@ -143,7 +143,3 @@ class Planner:
         self.epoch_first = first_batch
         self.epoch_count = first_batch
         return start
-
-    def over(self, done: int) -> bool:
-        """Whether the epoch ends with ``done`` of its batches handed out."""
-        return done >= self.epoch_count and self.exhausted

@@ -29,7 +29,8 @@ class FirstBatchProber:
     builds the ring from the first spec, given the task it was made for
     (None for an iterable) and the worker that keeps the batch.
 
-    Worker 0 is asked at construction; the answer is awaited by ``answer``.
+    Worker 0 makes its first item unasked (its config names the task);
+    ``answer`` awaits it.
     """
 
     def __init__(

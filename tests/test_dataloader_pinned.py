@@ -6,6 +6,8 @@ loop on a GPU: tests/test_torch_cuda.py."""
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers import alive  # noqa: E402
 from torch_helpers.pinning import (  # noqa: E402
     FakeEvent,
     fake_events,
@@ -21,7 +24,9 @@ from torch_helpers.pinning import (  # noqa: E402
     ring_range,
 )
 
+import fastq  # noqa: E402
 from fastq.torch import DataLoader, _dataloader  # noqa: E402
+from fastq.torch._pinned import CudaRing  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
 
@@ -117,12 +122,19 @@ def test_batches_kept_by_the_loop_are_copied_and_pinned(
     and the workers never run out of slots."""
     loader = DataLoader(Rows(), batch_size=4, num_workers=1, pin_memory=True, slots=2)
     with pytest.warns(RuntimeWarning, match="copied out of the ring"):
-        kept = list(loader)
+        it = iter(loader)
+        kept = [next(it)]
+        bounds = ring_range(loader._engine)
+        kept += list(it)
     assert [b[1].tolist() for b in kept] == [
         list(range(4 * b, 4 * b + 4)) for b in range(10)
     ]
     assert all((rows == labels[:, None].int()).all() for rows, labels, _ in kept)
     assert on_fake_cuda == ["list"] * 10
+    # Some batches were copied, and their slots returned at once: none of
+    # them waited for device work (the others are still referenced).
+    assert 0 < sum(in_ring(rows, bounds) for rows, _, _ in kept) < 10
+    assert FakeEvent.made == []
     del kept
     loader.close()
 
@@ -135,4 +147,41 @@ def test_pin_memory_device_is_deprecated_as_in_dataloader(
     )
     with pytest.warns(UserWarning, match="pin_memory_device is deprecated"):
         assert sum(1 for _ in loader) == 5
+    loader.close()
+
+
+def test_a_workers_death_is_raised_even_if_unpinning_fails(
+    on_fake_cuda: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop sees WorkerDied, not the error of closing the pinned ring
+    (a CUDA error, say), and the engine still reaps its workers and closes
+    its ring (the session's leak check)."""
+
+    def failing_ring() -> Any:
+        ring = fake_ring(torch.device("cuda", 0))
+
+        def close() -> None:
+            CudaRing.close(ring)  # lets go of what it held, then fails
+            raise RuntimeError("CUDA error: an illegal memory access")
+
+        ring.close = close
+        return ring
+
+    monkeypatch.setattr(_dataloader, "_page_locked_ring", failing_ring)
+    loader = DataLoader(Rows(), batch_size=2, num_workers=1, pin_memory=True)
+    it = iter(loader)
+    next(it)
+    engine = loader._engine
+    pids = engine._pool.pids
+    os.kill(pids[0], signal.SIGKILL)
+    try:
+        for _ in it:
+            pass
+    except fastq.WorkerDied as exc:  # not kept: its context holds the engine
+        assert "SIGKILL" in str(exc)
+        assert isinstance(exc.__context__, RuntimeError)
+    else:
+        pytest.fail("the loop went on past a dead worker")
+    assert engine.closed and not any(alive(p) for p in pids)
+    del it, engine
     loader.close()

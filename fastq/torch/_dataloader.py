@@ -522,7 +522,7 @@ def _new_engine(
         )
     workers = loader.num_workers
     prefetch = loader.prefetch_factor or 2
-    make_batch, pinning = _pinning(loader)
+    convert, pinning = _pinning(loader)
     rank, world_size = _rank_and_world_size()
     return PlannedLoader(
         source,
@@ -540,7 +540,7 @@ def _new_engine(
         slot_bytes=loader.slot_bytes,
         rank=rank,
         world_size=world_size,
-        make_batch=make_batch,
+        convert=convert,
         pinning=pinning,
         first_batch=first_batch,
     )
@@ -576,7 +576,7 @@ def _warn_as_dataloader_pins(pin_memory_device: str) -> None:
 
 
 def _pinning(loader: DataLoader[Any]) -> tuple[Any, Any]:
-    """(make_batch, pinning) for the engine, as DataLoader pins: for the
+    """(convert, pinning) for the engine, as DataLoader pins: for the
     current accelerator, nothing where there is none (or MPS). On CUDA the
     ring is page-locked once (fastq/torch/_pinned.py), so that its tensors
     are pinned as they are; torch's pin_memory then returns them untouched
@@ -585,10 +585,10 @@ def _pinning(loader: DataLoader[Any]) -> tuple[Any, Any]:
     device = _pin_device(loader)
     if device is None:
         return None, None
-    make_batch = functools.partial(pin_batch, device=device)
+    convert = functools.partial(pin_batch, device=device)
     if device != "cuda":
-        return make_batch, None  # copied into page-locked memory, as torch does
-    return make_batch, _page_locked_ring
+        return convert, None  # copied into page-locked memory, as torch does
+    return convert, _page_locked_ring
 
 
 def _pin_device(loader: DataLoader[Any]) -> str | None:

@@ -196,8 +196,8 @@ class TorchPrefetcher(Prefetcher):
         return self._cuda_ring
 
     def _cuda_ring(self) -> CudaRing:
-        """Made as the feed opens: CUDA is touched only once the workers
-        have started."""
+        """Made as the feed opens, once the workers have started (NOTE [ The
+        ring is pinned after its workers start ] in fastq/_engine.py)."""
         dev = self.device
         if dev is None or dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
