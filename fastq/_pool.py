@@ -105,19 +105,28 @@ def _forkserver_preload() -> list[str]:
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Children start with SIGINT ignored (the disposition survives fork and
-    exec), so a Ctrl+C while a worker boots cannot print its traceback; the
-    worker keeps ignoring it, and the consumer alone handles Ctrl+C."""
+def _sigint_held(method: str) -> Iterator[None]:
+    """A Ctrl+C while a worker starts is held, then raised once it has: the
+    pool then knows the worker and reaps it. The worker ignores SIGINT from
+    its set-up on (the consumer alone handles Ctrl+C). A forked child
+    inherits the holding handler, harmless until then; a child that execs
+    (spawn, forkserver) starts with SIGINT ignored instead, since a handler
+    does not survive exec (a Ctrl+C in that moment is dropped, as before),
+    so that it cannot print a traceback while it boots."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    held: list[int] = []
+    if method == "fork":
+        previous = signal.signal(signal.SIGINT, lambda sig, frame: held.append(sig))
+    else:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-        # A Ctrl+C that arrived meanwhile was dropped; the next one works.
+        if held:
+            signal.raise_signal(signal.SIGINT)  # through the restored handler
 
 
 # Pools alive in this process, for the fork and exit hooks below.
@@ -286,13 +295,15 @@ class WorkerPool:
                     name=f"fastq-worker-{cfg.worker_id}",
                     daemon=True,
                 )
+                # Known before it starts: an interrupt raised as start()
+                # returns must not leave it unreaped.
+                self.processes.append(p)
                 try:
                     self._start(p, ctx)
                 finally:
                     if child_end is not None:
                         child_end.close()
                         cfg.channel = None
-                self.processes.append(p)
             if ring is not None:
                 self._watch_ring(ring)
         except BaseException:
@@ -397,7 +408,7 @@ class WorkerPool:
     @staticmethod
     def _start(p: Any, ctx: Any) -> None:
         try:
-            with _sigint_ignored(), _no_missing_main_file():
+            with _sigint_held(ctx.get_start_method()), _no_missing_main_file():
                 p.start()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             # The user's objects are pickled apart (fastq/_handoff.py, which

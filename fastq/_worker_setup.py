@@ -190,10 +190,10 @@ def seed_batch(cfg: WorkerConfig, plan: Plan) -> None:
 
 
 def _isolate_from_terminal(stack_file: SharedFd | None) -> None:
-    _reset_signals()
     # Ctrl+C goes to the whole process group; the consumer alone handles it
     # and tears the workers down, so they must not print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _reset_signals()
     # On a FetchTimeout the consumer asks for this worker's Python stack with
     # SIGUSR1 and reads it from this file into the error message.
     if stack_file is not None and hasattr(signal, "SIGUSR1"):

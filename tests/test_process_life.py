@@ -463,3 +463,33 @@ def test_big_endian_leaves_arrive_in_native_order() -> None:
         got = list(pf)
     assert [b.dtype for b in got] == [np.dtype(np.uint16)] * 3
     assert [b.tolist() for b in got] == [[k, k + 1, k + 2, k + 3] for k in range(3)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pressed", ["first worker", "second worker"])
+def test_ctrl_c_while_a_worker_starts_is_raised_once_it_has(
+    pressed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl+C that lands while a worker is being forked is held, not
+    dropped: it is raised once the worker has started, and every worker
+    started so far is reaped (the session's leak check)."""
+    from fastq import _pool
+
+    starts = []
+    window = _pool._no_missing_main_file
+
+    @contextlib.contextmanager
+    def press_ctrl_c_inside() -> Any:
+        starts.append(1)
+        with window():
+            if len(starts) == (1 if pressed == "first worker" else 2):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # the handler runs here, inside the window
+            yield
+
+    monkeypatch.setattr(_pool, "_no_missing_main_file", press_ctrl_c_inside)
+    with pytest.raises(KeyboardInterrupt):
+        fastq.Prefetcher(
+            PatternDataset(40), batch_size=4, workers=2, start_method="fork"
+        )
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
