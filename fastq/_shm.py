@@ -376,18 +376,23 @@ def huge_bytes_mapped(mapping: Any) -> int:
     del view  # the mapping can be closed again
     try:
         with open("/proc/self/smaps") as f:
-            lines = f.read().splitlines()
+            text = f.read()
     except OSError:
         return 0
-    inside = False
+    # Only this mapping's block is parsed: a process with torch (and more
+    # with CUDA) has thousands of smaps lines, read at every ring's creation.
+    header = f"{start:x}-"
+    at = 0 if text.startswith(header) else text.find("\n" + header) + 1
+    if at == 0 and not text.startswith(header):
+        return 0
+    # A block ends with its VmFlags line (Linux 3.8 on), or the next header.
+    end = text.find("\nVmFlags:", at)
     total = 0
-    for line in lines:
+    for line in text[at : len(text) if end < 0 else end].splitlines()[1:]:
         head = line.split(" ", 1)[0]
         if "-" in head and ":" not in head:
-            low = int(head.split("-")[0], 16)
-            inside = low == start
-            continue
-        if inside and line.startswith(
+            break  # the next mapping's header
+        if line.startswith(
             ("ShmemPmdMapped:", "FilePmdMapped:", "Shared_Hugetlb:", "Private_Hugetlb:")
         ):
             total += int(line.split()[1]) * 1024
