@@ -59,9 +59,10 @@ class FeedOwner(Protocol):
         PackedSpec's; fastq/_packing.py)."""
         ...
 
-    def reclaim_slots(self) -> None:
-        """Before the consumer sleeps: returns the slots the owner holds
-        for pending work (GPU copies), as far as it can."""
+    def returning_slots(self) -> int:
+        """Slots the consumer holds that come back without the loop (a
+        pinned ring's, once the GPU has read them): the census counts them
+        as on their way to the workers."""
         ...
 
 
@@ -227,7 +228,6 @@ class Feed:
                 t0 = time.perf_counter_ns()
                 if self.timeout is not None:
                     deadline = time.monotonic() + self.timeout
-            self.owner.reclaim_slots()
             if self.turns is not None:
                 self.turns.grant()  # batches released since the last grant
             if c.take(lo, hi, ordered):
@@ -312,10 +312,11 @@ class Feed:
         if odd >= 0:
             self.owner.fail(_diagnosis.lost_slot(self.ring, c, odd))
         n = self.ring.nslots
-        if mine < n:
-            # A slot is with a worker or in a queue: waiting can end. (A
-            # release kept for a stalled popper counts here too: that popper
-            # holds a slot the census does not give the consumer.)
+        if mine - self.owner.returning_slots() < n:
+            # A slot is with a worker, in a queue, or on its way back from
+            # the device: waiting can end. (A release kept for a stalled
+            # popper counts here too: that popper holds a slot the census
+            # does not give the consumer.)
             return
         raise _diagnosis.slots_exhausted(c, n)
 

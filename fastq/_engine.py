@@ -14,7 +14,7 @@ import numpy as np
 from ._autotune import Autotuner
 from ._consumer import Feed
 from ._pool import WorkerPool
-from ._ring import Ring, SlotLease, region_size
+from ._ring import MAX_SLOTS, Ring, SlotLease, region_size
 from ._shm import PAGE_SIZE, Region
 from .errors import PrefetcherClosed, RingError
 
@@ -77,8 +77,17 @@ class SlotPinning(Protocol):
     def waiting(self) -> int: ...
     def attach(self, mapping: Any) -> None: ...
     def hold(self, whole: np.ndarray[Any, Any], lease: Any) -> None: ...
-    def make_room(self, consumer: Any, nslots: int) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
+
+
+# Slots a pinned ring has beyond the workers' window, for batches the loop
+# dropped whose device work is still queued (NOTE [ Slots waiting on device
+# work ] in fastq/torch/_pinned.py): the step in flight on the GPU and the
+# steps the loop runs ahead of it, which CUDA's launch queue bounds to a few.
+# Without them, a GPU-bound loop's held slots come out of the window, and
+# the workers stall while the GPU still has a batch to read.
+DEVICE_SLOTS = 4
 
 
 # NOTE [ The ring is pinned after its workers start ]
@@ -125,6 +134,12 @@ class Engine:
         (WorkerPool.send_region)."""
         self.pool = WorkerPool(ctx, configs, self.ring)
         return self.pool
+
+    def ring_slots(self, window: int) -> int:
+        """The ring's slots for a window of ``window``: a pinned ring's also
+        hold the batches whose device work is still queued."""
+        extra = DEVICE_SLOTS if self._make_pinning is not None else 0
+        return min(window + extra, MAX_SLOTS)
 
     def build_ring(
         self, ring_slots: int, workers: int, slot_bytes: int, extra_bytes: int = 0
@@ -180,12 +195,10 @@ class Engine:
         assert self.batches is not None
         return self.batches.unpack(lease)
 
-    def reclaim_slots(self) -> None:
-        """Before the consumer sleeps for a batch: slots held only for
-        device work (a pinned ring's) are waited for instead."""
-        if self.pinning is not None:
-            assert self.feed is not None and self.ring is not None
-            self.pinning.make_room(self.feed.consumer, self.ring.nslots)
+    def returning_slots(self) -> int:
+        """Slots the consumer holds that come back without the loop: a
+        pinned ring's, once the GPU has run their device work."""
+        return 0 if self.pinning is None else self.pinning.waiting
 
     def fail(self, exc: BaseException) -> NoReturn:
         """Closes the engine, then raises ``exc``, the error the loop must
@@ -265,7 +278,18 @@ class Engine:
             "pages": self.pages(),
             "workers": self._worker_stats(),
             "autotune": None if self.tuner is None else self.tuner.report(),
+            "pinned": None if self.pinning is None else self._pinned_stats(),
         }
+
+    def _pinned_stats(self) -> dict[str, Any]:
+        """A pinned ring's counters, and what the loop and the workers lost
+        to it: batches copied because the loop kept too many, and the
+        workers' time waiting for a free slot."""
+        assert self.pinning is not None and self.batches is not None
+        stats = self.pinning.stats()
+        stats["copied_batches"] = getattr(self.batches, "copied", 0)
+        stats["workers_slot_wait_s"] = sum(w["wait_s"] for w in self._worker_stats())
+        return stats
 
     def _worker_stats(self) -> list[dict[str, Any]]:
         if self.pool is None or self.ring is None:

@@ -140,4 +140,4 @@ def _build_ring(engine: Engine, s: Settings, spec: BatchSpec) -> Ring:
     slot_bytes = max(spec.slot_bytes, MIN_SLOT_BYTES)
     # One slot more than asked for: the batch a `for` loop's body still
     # holds while the next one is fetched must not starve the workers.
-    return engine.build_ring(s.slots + 1, s.workers, slot_bytes)
+    return engine.build_ring(engine.ring_slots(s.slots + 1), s.workers, slot_bytes)

@@ -21,7 +21,7 @@ from ._packing import Codec, PackedSpec, unpack
 from ._plan import Plan, PlanLayout
 from ._planner import Planner
 from ._prober import FirstBatchProber
-from ._ring import MAX_SLOTS, SlotLease, region_size
+from ._ring import SlotLease, region_size
 from ._shm import PAGE_SIZE
 from ._turns import Turns
 from ._worker import WorkerConfig
@@ -171,7 +171,7 @@ class PlannedLoader:
         if self._max_bytes is not None:
             spec = PackedSpec(self._max_bytes)
         workers = self.workers
-        ring_slots = min(self.slots + 1, MAX_SLOTS)
+        ring_slots = engine.ring_slots(self.slots + 1)
         layout = None
         if self._planner is not None:
             ring_bytes = region_size(ring_slots, workers, spec.slot_bytes, PAGE_SIZE)
@@ -371,6 +371,7 @@ class _PackedBatches:
         self._keep_limit = max(3, slots)
         self._warned_keeping = False
         self._convert = convert
+        self.copied = 0  # batches copied because the loop kept too many
 
     def make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
         raise RingError("a DataLoader's slots hold packed batches only")
@@ -386,6 +387,7 @@ class _PackedBatches:
             # returned at once, so the workers never run out of slots.
             copied = self._copied(batch)
             if copied is not batch:
+                self.copied += 1
                 batch = copied
                 pinning = None  # nothing handed out reads the slot
         if pinning is not None:

@@ -18,14 +18,17 @@ torch = pytest.importorskip("torch")
 from helpers import alive  # noqa: E402
 from torch_helpers.pinning import (  # noqa: E402
     FakeEvent,
-    fake_events,
+    FakeGpu,
     fake_ring,
     in_ring,
     ring_range,
+    wait_until,
 )
 
 import fastq  # noqa: E402
 from fastq.torch import DataLoader, _dataloader  # noqa: E402
+from fastq._engine import DEVICE_SLOTS  # noqa: E402
+from fastq._ring import FREE, READY  # noqa: E402
 from fastq.torch._pinned import CudaRing  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
@@ -43,39 +46,50 @@ class Rows:
         return torch.full((ROW,), i, dtype=torch.int32), i, f"sample {i}"
 
 
+class PinnedCuda:
+    """What a test on the fake GPU holds: the GPU, the types of the batches
+    torch's pin_memory was given, and each CudaRing the loaders made."""
+
+    def __init__(self) -> None:
+        self.gpu = FakeGpu()
+        self.pinned: list[str] = []
+        self.rings: list[CudaRing] = []
+
+    def ring(self) -> CudaRing:
+        ring = fake_ring(torch.device("cuda", 0), self.gpu, pin=True)
+        self.rings.append(ring)
+        return ring
+
+
 @pytest.fixture
-def on_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """As on a CUDA machine, with fake events; returns the types of the
-    batches torch's pin_memory was given (it returns the ring's tensors as
-    they are, being pinned already, and cannot run on a torch without
-    CUDA)."""
-    fake_events(monkeypatch)
+def on_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> PinnedCuda:
+    """As on a CUDA machine, on a FakeGpu whose events complete only when
+    the test runs it (torch's pin_memory returns the ring's tensors as they
+    are, being pinned already, and cannot run on a torch without CUDA)."""
+    cuda = PinnedCuda()
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(
         torch.accelerator, "current_accelerator", lambda *a: torch.device("cuda")
     )
-    monkeypatch.setattr(
-        _dataloader,
-        "_page_locked_ring",
-        lambda: fake_ring(torch.device("cuda", 0)),
-    )
-    pinned: list[str] = []
+    monkeypatch.setattr(_dataloader, "_page_locked_ring", cuda.ring)
 
     def pin_batch(batch: Any, device: Any = None) -> Any:
         assert device == "cuda"
-        pinned.append(type(batch).__name__)
+        cuda.pinned.append(type(batch).__name__)
         return batch
 
     monkeypatch.setattr(_dataloader, "pin_batch", pin_batch)
-    return pinned
+    return cuda
 
 
 def test_a_slot_is_not_rewritten_before_its_event_completes(
-    on_fake_cuda: list[str],
+    on_fake_cuda: PinnedCuda,
 ) -> None:
     """Two slots and a fast producer: each batch is dropped while its
-    (pretend) non_blocking copy is still queued, and its bytes stay as they
-    were until that copy's event has completed; then the slot is reused."""
+    (pretend) non_blocking copy is still queued, two steps behind the loop,
+    and its bytes stay as they were until that copy's event has completed;
+    then the slot is reused."""
+    gpu = on_fake_cuda.gpu
     loader = DataLoader(Rows(), batch_size=4, num_workers=1, pin_memory=True, slots=2)
     it = iter(loader)
     batches = 0
@@ -95,32 +109,37 @@ def test_a_slot_is_not_rewritten_before_its_event_completes(
         offset, size = rows.data_ptr() - bounds[0], rows.numel() * 4
         snapshot = whole[offset : offset + size].copy()
         del rows, labels, names
-        assert ring.waiting == len(ring.pending) >= 1
-        event = ring.pending[-1][0]
+        event = gpu.recorded[-1]
         assert not event.done, "the slot was freed before its event"
         queued.append((event, offset, snapshot))
         for event, at, seen in queued:
             if not event.done:
                 assert np.array_equal(whole[at : at + seen.size], seen)
         batches += 1
+        gpu.run_to(batches - 2)
     assert batches == 10
-    assert any(e.done for e, _, _ in queued), "slots were never waited for"
-    assert on_fake_cuda == ["list"] * 10  # each batch through pin_memory once
-    for event in FakeEvent.made:
-        event.done = True
-    ring.reap()
-    assert engine._feed.consumer.held == 0
+    assert on_fake_cuda.pinned == ["list"] * 10  # each batch through pin_memory once
+    assert set(gpu.synchronized_on) == {"fastq-pinned-returner"}
+    gpu.run_all()
+    wait_until(lambda: engine._feed.consumer.held == 0)
     del whole
     loader.close()
 
 
 def test_batches_kept_by_the_loop_are_copied_and_pinned(
-    on_fake_cuda: list[str],
+    on_fake_cuda: PinnedCuda,
 ) -> None:
     """list(loader) keeps every batch: past the slots, batches are copied
     out of the ring, pinned as DataLoader pins (here: given to pin_memory),
     and the workers never run out of slots."""
-    loader = DataLoader(Rows(), batch_size=4, num_workers=1, pin_memory=True, slots=2)
+    loader = DataLoader(
+        Rows(),
+        batch_size=4,
+        num_workers=1,
+        pin_memory=True,
+        slots=2,
+        persistent_workers=True,  # stats() after the epoch
+    )
     with pytest.warns(RuntimeWarning, match="copied out of the ring"):
         it = iter(loader)
         kept = [next(it)]
@@ -130,17 +149,99 @@ def test_batches_kept_by_the_loop_are_copied_and_pinned(
         list(range(4 * b, 4 * b + 4)) for b in range(10)
     ]
     assert all((rows == labels[:, None].int()).all() for rows, labels, _ in kept)
-    assert on_fake_cuda == ["list"] * 10
+    assert on_fake_cuda.pinned == ["list"] * 10
     # Some batches were copied, and their slots returned at once: none of
     # them waited for device work (the others are still referenced).
-    assert 0 < sum(in_ring(rows, bounds) for rows, _, _ in kept) < 10
-    assert FakeEvent.made == []
+    copied = 10 - sum(in_ring(rows, bounds) for rows, _, _ in kept)
+    assert 0 < copied < 10
+    assert on_fake_cuda.gpu.recorded == []
+    assert loader.stats()["pinned"]["copied_batches"] == copied
     del kept
     loader.close()
 
 
+class Many(Rows):
+    def __len__(self) -> int:
+        return 4 * 200
+
+
+@pytest.mark.parametrize("behind", [1, DEVICE_SLOTS])
+def test_the_workers_window_survives_a_gpu_steps_behind(
+    on_fake_cuda: PinnedCuda, behind: int
+) -> None:
+    """The GPU runs ``behind`` steps behind the loop, then stops: the slots
+    waiting on it come out of the ring's device slots, not the workers'
+    window, so the loop still takes ``behind`` + the window's batches
+    without a worker making one more; only then would it wait, and it waits
+    for the GPU (a timeout here), never on the loop's thread."""
+    gpu = on_fake_cuda.gpu
+    window = 4
+    loader = DataLoader(
+        Many(), batch_size=4, num_workers=1, pin_memory=True, slots=window, timeout=1
+    )
+    it = iter(loader)
+    for b in range(20):
+        rows, labels, _ = next(it)
+        assert labels.tolist() == list(range(4 * b, 4 * b + 4))
+        del rows, labels, _
+        gpu.run_to(b + 1 - behind)
+    # The GPU stops; the worker fills every slot it can.
+    engine = loader._engine
+    ring, consumer = engine._ring, engine._feed.consumer
+    wait_until(lambda: ring.depth(FREE) == 0)
+    wait_until(
+        lambda: ring.depth(READY) + consumer.in_window + consumer.held == ring.nslots
+    )
+    made = engine._pool and sum(w["batches"] for w in loader.stats()["workers"])
+    ready = ring.depth(READY) + consumer.in_window
+    assert ready >= window + DEVICE_SLOTS - behind
+    for b in range(20, 20 + ready):
+        rows, labels, _ = next(it)
+        assert labels.tolist() == list(range(4 * b, 4 * b + 4))
+        del rows, labels, _
+    assert sum(w["batches"] for w in loader.stats()["workers"]) == made
+    assert set(gpu.synchronized_on) <= {"fastq-pinned-returner"}
+    pinned = loader.stats()["pinned"]
+    assert pinned["loop_synchronizes"] == 0
+    assert pinned["device_held"] == pinned["peak_device_held"] == ring.nslots
+    with pytest.raises(fastq.FetchTimeout):
+        next(it)  # every slot waits on the stopped GPU
+    loader.close()
+
+
+def test_page_locked_memory_stays_bounded_over_a_thousand_batches(
+    on_fake_cuda: PinnedCuda,
+) -> None:
+    """A thousand batches with the GPU a step behind: the only page-locked
+    memory is the ring, registered once (no block per batch, as a pin
+    thread's copies would take)."""
+    gpu = on_fake_cuda.gpu
+
+    class Thousand(Rows):
+        def __len__(self) -> int:
+            return 1000
+
+    loader = DataLoader(
+        Thousand(),
+        batch_size=1,
+        num_workers=2,
+        pin_memory=True,
+        slots=4,
+        persistent_workers=True,
+    )
+    for b, (rows, labels, _) in enumerate(loader):
+        assert labels.tolist() == [b] and (rows == b).all()
+        del rows, labels, _
+        gpu.run_to(b - 1)
+    [ring] = on_fake_cuda.rings
+    assert ring.registered
+    assert ring.cuda.registered == [loader._engine._region.size]
+    gpu.run_all()
+    loader.close()
+
+
 def test_pin_memory_device_is_deprecated_as_in_dataloader(
-    on_fake_cuda: list[str],
+    on_fake_cuda: PinnedCuda,
 ) -> None:
     loader = DataLoader(
         Rows(), batch_size=8, num_workers=1, pin_memory=True, pin_memory_device="cuda"
@@ -151,14 +252,14 @@ def test_pin_memory_device_is_deprecated_as_in_dataloader(
 
 
 def test_a_workers_death_is_raised_even_if_unpinning_fails(
-    on_fake_cuda: list[str], monkeypatch: pytest.MonkeyPatch
+    on_fake_cuda: PinnedCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The loop sees WorkerDied, not the error of closing the pinned ring
     (a CUDA error, say), and the engine still reaps its workers and closes
     its ring (the session's leak check)."""
 
     def failing_ring() -> Any:
-        ring = fake_ring(torch.device("cuda", 0))
+        ring = on_fake_cuda.ring()
 
         def close() -> None:
             CudaRing.close(ring)  # lets go of what it held, then fails

@@ -85,7 +85,8 @@ class FakeOwner:
         self.failed: list[BaseException] = []
         self.made = 0
         self.unpacked: list[int] = []
-        self.reclaims = 0
+        self.returning = 0  # slots it says are on their way back
+        self.asked = 0
 
     def fail(self, exc: BaseException) -> NoReturn:
         self.failed.append(exc)
@@ -99,8 +100,9 @@ class FakeOwner:
         self.unpacked.append(lease.task)
         return ("unpacked", lease.task)
 
-    def reclaim_slots(self) -> None:
-        self.reclaims += 1
+    def returning_slots(self) -> int:
+        self.asked += 1
+        return self.returning
 
 
 class Workers:
@@ -393,7 +395,7 @@ def test_a_timeout_names_the_worker_on_the_batch_waited_for(
     )
     assert (info.value.worker, info.value.task) == (0, 0)
     assert owner.failed == [info.value]
-    assert owner.reclaims >= 1, "the owner's slots are reclaimed before a sleep"
+    assert owner.asked >= 1, "the owner's returning slots are counted before a sleep"
 
 
 def test_a_consumer_holding_every_slot_is_told_so(
@@ -415,6 +417,24 @@ def test_a_consumer_holding_every_slot_is_told_so(
     assert owner.failed == [], "running out of slots does not close"
     del kept[0]
     assert ring.pop_free(0, 0.0) >= 0, "a dropped batch frees its slot"
+
+
+def test_slots_on_their_way_back_from_the_device_are_waited_for(
+    ring: Ring, pool: FakePool, owner: FakeOwner, workers: Workers
+) -> None:
+    """Every slot is the consumer's, but one only waits for the GPU to read
+    it (a pinned ring's): it comes back without the loop, so the consumer
+    waits for the next batch instead of saying the slots are exhausted."""
+    feed = make_feed(ring, pool, owner, batches=SLOTS + 2, timeout=0.2)
+    it = feed.begin_epoch()
+    for w in range(SLOTS):
+        workers.make(w % WORKERS)
+    kept = [next(it) for _ in range(SLOTS)]
+    owner.returning = 1
+    with pytest.raises(FetchTimeout):
+        next(it)
+    assert owner.asked >= 1
+    del kept
 
 
 def test_a_dead_worker_is_raised_even_with_the_next_batch_here(
@@ -510,4 +530,4 @@ def test_the_feed_does_not_keep_its_owner_alive(ring: Ring, pool: FakePool) -> N
     gc.collect()
     assert gone() is None
     with pytest.raises(ReferenceError):
-        feed.owner.reclaim_slots()
+        feed.owner.returning_slots()

@@ -27,11 +27,11 @@ from torch_helpers.datasets import (  # noqa: E402
     image,
 )
 from torch_helpers.pinning import (  # noqa: E402
-    FakeEvent,
-    fake_events,
+    FakeGpu,
     fake_ring,
     in_ring,
     ring_range,
+    wait_until,
 )
 
 import fastq  # noqa: E402
@@ -316,15 +316,14 @@ def test_adapter_refuses_dataloader_workers() -> None:
 # ------------------------------------- deferred release, with fake events
 
 
-def test_pinned_batch_slots_wait_for_their_gpu_events(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_pinned_batch_slots_wait_for_their_gpu_events() -> None:
     """The pinned-memory bookkeeping without a GPU: a pinned batch's slot
     goes back only once the event recorded when its last tensor died has
-    completed, and a consumer short of slots waits on the oldest event."""
-    fake_events(monkeypatch)
+    completed, the GPU running a step behind the loop; the loop's thread
+    never waits on an event (the ring's returner thread does)."""
+    gpu = FakeGpu()
     with TorchPrefetcher(Images(80), batch_size=8, workers=1, slots=3) as pf:
-        cuda = fake_ring(torch.device("cuda", 0))
+        cuda = fake_ring(torch.device("cuda", 0), gpu)
         pf._cuda = cuda  # as pin_memory=True would, less the registration
         ring = pf._ring
         consumer = pf._feed.consumer
@@ -340,61 +339,34 @@ def test_pinned_batch_slots_wait_for_their_gpu_events(
             assert np.array_equal(images.numpy(), expected(labels.numpy())[0])
             del images, labels, _
             assert consumer.held <= ring.nslots
-        assert any(e.done for e in FakeEvent.made), "never waited on an event"
-        for event in FakeEvent.made:
-            event.done = True
-        cuda.reap()
-        assert consumer.held == 0 and not cuda.pending
+            gpu.run_to(len(gpu.recorded) - 1)  # one step behind
+        assert set(gpu.synchronized_on) == {"fastq-pinned-returner"}
+        gpu.run_all()
+        wait_until(lambda: consumer.held == 0 and not cuda.pending)
 
 
-class FakeStream:
-    """Stands in for the consumer's torch.cuda.Stream."""
-
-    def __init__(self) -> None:
-        self.waited: list[FakeEvent] = []
-
-    def wait_event(self, event: FakeEvent) -> None:
-        self.waited.append(event)
-
-
-def test_device_batch_slots_wait_for_their_copy_events(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_device_batch_slots_wait_for_their_copy_events() -> None:
     """The device path's bookkeeping without a GPU ('meta' tensors stand in
     for device copies): the consumer's stream waits on each copy's event,
-    every tensor is recorded on it, and a slot is held exactly until its
-    copy's event has completed, never by the handed-out tensors."""
-    FakeEvent.made = []
-    consumer = FakeStream()
-    recorded: list[Any] = []
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(
-        torch.Tensor,
-        "record_stream",
-        lambda t, s: recorded.append((t, s)),
-        raising=False,
-    )
+    and a slot is held exactly until its copy's event has completed, never
+    by the handed-out tensors."""
+    gpu = FakeGpu()
     with TorchPrefetcher(Images(80), batch_size=8, workers=1, slots=3) as pf:
-        cuda = fake_ring(torch.device("meta"), copy_stream=object())
+        cuda = fake_ring(torch.device("meta"), gpu, copy_stream=True)
         pf._cuda, pf.device = cuda, cuda.device  # as device= would, on 'meta'
         books = pf._feed.consumer
+        consumer = cuda.cuda.consumer
         batches = 0
         for images, labels, halves in pf:
             assert images.is_meta and labels.is_meta and halves.is_meta
             assert images.shape == (8, 3, 6, 5) and labels.dtype == torch.int64
             assert consumer.waited[-1] is cuda.pending[-1][0]
-            assert [t for t, _ in recorded[-3:]] == [images, labels, halves]
-            assert all(s is consumer for _, s in recorded[-3:])
-            # Only copies not known to be done hold slots; we hold none.
-            assert books.held == len(cuda.pending)
-            assert not any(e.done for e, _ in cuda.pending)
+            # Only copies not yet done hold slots (the returner gives the
+            # others back); the tensors we hold hold none.
+            wait_until(lambda: books.held == sum(not e.done for e, _ in cuda.pending))
             batches += 1
+            gpu.run_to(len(gpu.recorded) - 1)  # the copy before this one ran
         assert batches == 10
-        assert any(e.done for e in FakeEvent.made), "never waited on a copy"
-        for event in FakeEvent.made:
-            event.done = True
-        cuda.reap()
-        assert books.held == 0
+        assert set(gpu.synchronized_on) == {"fastq-pinned-returner"}
+        gpu.run_all()
+        wait_until(lambda: books.held == 0)

@@ -602,8 +602,10 @@ def _pin_device(loader: DataLoader[Any]) -> str | None:
 
 def _page_locked_ring() -> CudaRing:
     """Made once the ring exists (its workers started), on the current
-    device."""
-    return CudaRing(torch.device("cuda", torch.cuda.current_device()), False)
+    device; page-locked off the first batch's path."""
+    return CudaRing(
+        torch.device("cuda", torch.cuda.current_device()), False, register_later=True
+    )
 
 
 def _rank_and_world_size() -> tuple[int, int]:

@@ -1,9 +1,13 @@
 """The page-locked ring, for both faces of fastq.torch: the ring registered
 with CUDA once, batches handed out as pinned tensors over their slots, and
-each slot returned only after the GPU work that may still read it."""
+each slot returned only after the GPU work that may still read it, by a
+thread of the ring's own, so that the training loop's thread never waits
+for the GPU on the ring's account."""
 
 from __future__ import annotations
 
+import threading
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -13,11 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import SharedMemoryError
-
-# cudaHostRegisterPortable: the ring counts as pinned in every CUDA context
-# of the process, not only the current device's (torch pins shared memory
-# with the same flag).
-_HOST_REGISTER_PORTABLE = 1
+from ._cuda import Cuda, Event, TorchCuda
 
 
 def _slot_owner(leaf: np.ndarray[Any, Any]) -> Any:
@@ -28,36 +28,74 @@ def _slot_owner(leaf: np.ndarray[Any, Any]) -> Any:
     return owner
 
 
+# NOTE [ Slots waiting on device work ]
+#
+# A slot handed out as pinned tensors may still be read by a non_blocking
+# copy the loop queued from it after the loop dropped the tensors. When the
+# last view is dropped, an event is recorded on the current stream (the
+# copy, if any, was queued on it before); the slot is kept until the GPU has
+# passed that event. Waiting for it is the returner thread's job, never the
+# loop's: the loop's thread launches the model's kernels and must stay free
+# to run ahead of the GPU (a synchronize there idles the GPU while the next
+# step is launched). The returner sleeps on the oldest event (events on one
+# stream complete in order) and drops the slot's lease the moment the GPU
+# passes it, so a worker can fill it again at once. The event waits for all
+# the work queued by then, a step or more when the loop runs ahead: the
+# engine gives a pinned ring DEVICE_SLOTS slots beyond the workers' window
+# for those (fastq/_engine.py), so they do not shrink it.
+
+
 class CudaRing:
     """The CUDA side of a ring: its page-locked registration, the copy
     stream (TorchPrefetcher's ``device=``), and slots waiting on GPU work.
 
-    A slot whose bytes a queued copy still has to read stays leased until
-    that copy's event has completed: ``pending`` holds (event, lease
-    holder) in the order the events were recorded. It never references the
-    prefetcher, so batch finalizers keep nothing else alive.
+    ``pending`` holds (event, lease holder) in the order the events were
+    recorded (NOTE [ Slots waiting on device work ]). It never references
+    the prefetcher, so batch finalizers keep nothing else alive.
+
+    ``register_later`` page-locks the ring on the returner thread instead
+    of before the first batch: batches handed out before it is done are
+    not pinned (torch's pin_memory then copies them, as DataLoader does),
+    and if it fails the loader goes on that way, with a warning.
     """
 
     def __init__(
-        self, device: torch.device, copy_stream: bool, pin: bool = True
+        self,
+        device: torch.device,
+        copy_stream: bool,
+        pin: bool = True,
+        *,
+        register_later: bool = False,
+        cuda: Cuda | None = None,
     ) -> None:
         self.device = device
         self.pin = pin
-        self.pending: deque[tuple[torch.cuda.Event, Any]] = deque()
+        self.cuda: Cuda = TorchCuda(device) if cuda is None else cuda
+        self.pending: deque[tuple[Event, Any]] = deque()
         self.closed = False
+        self.register_later = register_later
+        # Counters for stats(): the loop's thread's waits for the GPU (close
+        # only: nothing per batch waits), and the most slots ever held for
+        # device work at once.
+        self.synchronizes = 0
+        self.peak_waiting = 0
         self._host: np.ndarray[Any, Any] | None = None
-        with torch.cuda.device(device):
-            self.stream = (
-                torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-                if copy_stream
-                else None
-            )
+        self._mapping: Any = None
+        self._changed = threading.Condition()
+        self._returner: threading.Thread | None = None
+        self.stream = self.cuda.copy_stream() if copy_stream else None
 
     # ------------------------------------------------------------ pinning
 
     def attach(self, mapping: Any) -> None:
-        """Takes hold of a new ring: page-locks it if ``pin``."""
-        if self.pin:
+        """Takes hold of a new ring: page-locks it if ``pin``, now or on the
+        returner thread."""
+        if not self.pin:
+            return
+        if self.register_later:
+            self._mapping = mapping
+            self._start_returner()
+        else:
             self.register(mapping)
 
     def register(self, mapping: Any) -> None:
@@ -66,19 +104,13 @@ class CudaRing:
         # The array keeps the mapping exported (it cannot be closed) for as
         # long as it is registered.
         host = np.frombuffer(mapping, dtype=np.uint8)
-        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-        with torch.cuda.device(self.device):
-            err = int(
-                cudart.cudaHostRegister(
-                    host.ctypes.data, host.nbytes, _HOST_REGISTER_PORTABLE
-                )
-            )
-        if err != 0:
+        err = self.cuda.register(host.ctypes.data, host.nbytes)
+        if err is not None:
             raise SharedMemoryError(
                 f"pin_memory=True: cudaHostRegister could not page-lock the "
-                f"{host.nbytes}-byte ring ({torch.cuda.CudaError(err)}). Lower "
-                "slots= or batch_size=, or pass pin_memory=False (copies then "
-                "go through CUDA's staging buffers)"
+                f"{host.nbytes}-byte ring ({err}). Lower slots= or "
+                "batch_size=, or pass pin_memory=False (copies then go "
+                "through CUDA's staging buffers)"
             )
         self._host = host
 
@@ -91,40 +123,23 @@ class CudaRing:
         """Slots released by the loop, held until their GPU work has run."""
         return len(self.pending)
 
+    def stats(self) -> dict[str, Any]:
+        return {
+            "registered": self.registered,
+            "loop_synchronizes": self.synchronizes,
+            "device_held": self.waiting,
+            "peak_device_held": self.peak_waiting,
+        }
+
     # -------------------------------------------------------------- slots
 
-    def reap(self) -> None:
-        """Returns the slots whose GPU work is done (events complete in the
-        order they were recorded on one stream, so the oldest goes first)."""
-        pending = self.pending
-        while pending and pending[0][0].query():  # type: ignore[no-untyped-call]
-            pending.popleft()
-
-    def wait_oldest(self) -> None:
-        if self.pending:
-            self.pending[0][0].synchronize()
-            self.reap()
-
-    def to_device(self, leaves: Sequence[np.ndarray[Any, Any]]) -> list[torch.Tensor]:
+    def to_device(self, leaves: Sequence[np.ndarray[Any, Any]]) -> list[Any]:
         """Queues the leaves' copies to the device on the copy stream; the
         consumer's stream waits for them, and the slot stays leased until
         they are done."""
-        self.reap()
-        consumer = torch.cuda.current_stream(self.device)
         assert self.stream is not None
-        with torch.cuda.stream(self.stream):
-            out = [
-                torch.from_numpy(a).to(self.device, non_blocking=True) for a in leaves
-            ]
-            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            done.record(self.stream)
-        consumer.wait_event(done)
-        for t in out:
-            # Allocated on the copy stream, used on the consumer's: the
-            # allocator must not hand their memory to the next copy while
-            # the consumer's queued work still reads it.
-            t.record_stream(consumer)
-        self.pending.append((done, leaves))
+        out, done = self.cuda.to_device(leaves, self.stream)
+        self._wait_on(done, leaves)
         return out
 
     def pinned_tensors(
@@ -132,7 +147,6 @@ class CudaRing:
     ) -> list[torch.Tensor]:
         """CPU tensors over the page-locked slot, whose return waits for the
         GPU work queued when the last of them was dropped (``hold``)."""
-        self.reap()
         owner = _slot_owner(leaves[0])
         # One array over the slot that every leaf views: its finalizer
         # runs when the last tensor (hence the last leaf) is garbage.
@@ -147,52 +161,118 @@ class CudaRing:
     def hold(self, whole: np.ndarray[Any, Any], lease: Any) -> None:
         """When ``whole`` (the array every view of the slot is made from) is
         garbage, the slot is not freed at once: an event is recorded on the
-        current stream, so a non_blocking copy queued from its tensors
-        finishes reading before a worker may overwrite the slot."""
+        current stream, and the slot returns once the GPU has passed it."""
         fin = weakref.finalize(whole, _defer_release, self, lease)
         fin.atexit = False
 
-    def make_room(self, consumer: Any, nslots: int) -> None:
-        """Called before ``consumer`` sleeps for a batch: slots that only
-        wait for GPU work would make the ring report SlotsExhausted, so that
-        work is waited for instead, oldest first."""
-        self.reap()
-        while self.pending and consumer.held + consumer.in_window >= nslots:
-            self.wait_oldest()
+    def _wait_on(self, event: Event, holder: Any) -> None:
+        """Keeps ``holder`` (a slot's lease, or what leads to it) until the
+        GPU passes ``event``. Any thread; never waits."""
+        with self._changed:
+            self.pending.append((event, holder))
+            self.peak_waiting = max(self.peak_waiting, len(self.pending))
+            self._changed.notify()
+        if self._returner is None:
+            self._start_returner()
+
+    # ----------------------------------------------------------- returner
+
+    def _start_returner(self) -> None:
+        with self._changed:
+            if self._returner is not None or self.closed:
+                return
+            self._returner = threading.Thread(
+                target=_return_slots,
+                args=(self,),
+                name="fastq-pinned-returner",
+                daemon=True,
+            )
+        self._returner.start()
+
+    def _register_on_returner(self) -> None:
+        mapping, self._mapping = self._mapping, None
+        if mapping is None or self.closed:
+            return
+        try:
+            with self.cuda.device():
+                self.register(mapping)
+        except SharedMemoryError as exc:
+            warnings.warn(
+                f"{exc}. Batches are pinned by copy instead, as DataLoader pins them",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+
+    def _next_event(self) -> Event | None:
+        """The oldest pending event, once there is one; None once closed."""
+        with self._changed:
+            while not self.pending and not self.closed:
+                self._changed.wait()
+            return None if self.closed else self.pending[0][0]
+
+    def _passed(self, event: Event) -> Any:
+        """Takes ``event``'s entry off ``pending``; its holder, for the
+        caller to drop outside the lock (dropping a lease frees a slot)."""
+        with self._changed:
+            if self.pending and self.pending[0][0] is event:
+                return self.pending.popleft()[1]
+            return None
 
     # ---------------------------------------------------------- lifecycle
 
     def close(self) -> None:
-        """Waits for every queued copy from the ring, then unpins it."""
-        self.closed = True
+        """Waits for every queued copy from the ring, stops the returner,
+        then unpins the ring."""
         try:
-            if self.registered or self.pending:
+            if self.registered or self.pending or self._returner is not None:
                 # Copies the user queued from pinned batches are not all in
                 # `pending` yet (their tensors may be alive): the ring must
                 # not be unpinned under a DMA in flight.
-                torch.cuda.synchronize(self.device)
+                self.synchronizes += 1
+                self.cuda.synchronize()
         finally:
+            with self._changed:
+                self.closed = True
+                self._changed.notify_all()
+            returner = self._returner
+            if returner is not None and returner is not threading.current_thread():
+                # Bounded: every event it may be waiting on has completed
+                # (synchronized above), and a registration ends.
+                returner.join()
             self.pending.clear()
             host, self._host = self._host, None
             if host is not None:
-                cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-                err = int(cudart.cudaHostUnregister(host.ctypes.data))
-                if err != 0:
+                err = self.cuda.unregister(host.ctypes.data)
+                if err is not None:
                     raise SharedMemoryError(
-                        f"cudaHostUnregister failed on the ring "
-                        f"({torch.cuda.CudaError(err)})"
+                        f"cudaHostUnregister failed on the ring ({err})"
                     )
+
+
+def _return_slots(ring: CudaRing) -> None:
+    """The returner thread: page-locks the ring if asked to, then returns
+    each pending slot as soon as the GPU has passed its event (NOTE [ Slots
+    waiting on device work ]), until the ring is closed."""
+    with ring.cuda.device():
+        ring._register_on_returner()
+        while True:
+            event = ring._next_event()
+            if event is None:
+                return
+            event.synchronize()  # sleeps (a blocking event), GIL released
+            holder = ring._passed(event)
+            del holder  # the slot goes back to the workers here
 
 
 def _defer_release(cuda: CudaRing, owner: Any) -> None:
     """Finalizer of a pinned batch: keeps its slot until the GPU work queued
     so far on the current stream has run. Runs in whichever thread dropped
-    the last tensor; never raises."""
+    the last tensor; never raises, never waits."""
     if cuda.closed:
         return  # close() synchronised the device; dropping `owner` frees it
     try:
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record(torch.cuda.current_stream(cuda.device))
+        event = cuda.cuda.event()
+        event.record(cuda.cuda.current_stream())
     except Exception:  # interpreter or CUDA shutting down: nothing to wait for
         return
-    cuda.pending.append((event, owner))
+    cuda._wait_on(event, owner)

@@ -4,7 +4,9 @@ without a GPU (tests/test_torch_cuda.py runs it on one)."""
 
 from __future__ import annotations
 
-from collections import deque
+import contextlib
+import threading
+import time
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,37 +28,121 @@ def in_ring(t: Any, bounds: tuple[int, int]) -> bool:
     return bool(lo <= t.data_ptr() and end <= hi)
 
 
-class FakeEvent:
-    """Stands in for torch.cuda.Event: done only once synchronised."""
-
-    made: ClassVar[list[FakeEvent]] = []
+class FakeGpu:
+    """The device's timeline as a test drives it: events complete in the
+    order they were recorded, only when the test moves the GPU past them
+    (``run_to``, ``run_all``); a synchronize() waits for that, recording
+    the thread it ran on."""
 
     def __init__(self) -> None:
-        self.done = False
-        FakeEvent.made.append(self)
+        self.changed = threading.Condition()
+        self.recorded: list[FakeEvent] = []
+        self.passed = 0  # events the GPU has passed
+        self.synchronized_on: list[str] = []  # thread names
+
+    def run_to(self, n: int) -> None:
+        """The GPU passes the first ``n`` events recorded (never goes
+        back)."""
+        with self.changed:
+            self.passed = max(self.passed, min(n, len(self.recorded)))
+            self.changed.notify_all()
+
+    def run_all(self) -> None:
+        with self.changed:
+            self.passed = len(self.recorded)
+            self.changed.notify_all()
+
+
+class FakeEvent:
+    """Stands in for a torch.cuda.Event on a FakeGpu."""
+
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu = gpu
+        self.seq = -1
 
     def record(self, stream: Any = None) -> None:
-        pass
+        with self.gpu.changed:
+            self.seq = len(self.gpu.recorded)
+            self.gpu.recorded.append(self)
+
+    @property
+    def done(self) -> bool:
+        return 0 <= self.seq < self.gpu.passed
 
     def query(self) -> bool:
         return self.done
 
     def synchronize(self) -> None:
-        self.done = True
+        gpu = self.gpu
+        gpu.synchronized_on.append(threading.current_thread().name)
+        with gpu.changed:
+            gpu.changed.wait_for(lambda: self.done)
 
 
-def fake_ring(device: torch.device, copy_stream: Any = None) -> CudaRing:
-    """A CudaRing that registers nothing (its batches are not really
-    pinned); its events are FakeEvents once ``fake_events`` ran."""
-    ring = CudaRing.__new__(CudaRing)
-    ring.device, ring.pending, ring.closed = device, deque(), False
-    ring._host, ring.stream, ring.pin = None, copy_stream, False
-    return ring
+class FakeCuda:
+    """fastq.torch._cuda.Cuda on a FakeGpu: nothing is registered (the
+    batches are not really pinned), copies to the device are 'meta'
+    tensors, and the consumer's stream records what it waited for."""
+
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu = gpu
+        self.registered: list[int] = []
+        self.consumer = FakeStream()
+
+    def register(self, address: int, nbytes: int) -> str | None:
+        self.registered.append(nbytes)
+        return None
+
+    def unregister(self, address: int) -> str | None:
+        return None
+
+    def device(self) -> Any:
+        return contextlib.nullcontext()
+
+    def event(self) -> FakeEvent:
+        return FakeEvent(self.gpu)
+
+    def current_stream(self) -> Any:
+        return self.consumer
+
+    def copy_stream(self) -> Any:
+        return object()
+
+    def to_device(self, leaves: Any, stream: Any) -> tuple[list[Any], FakeEvent]:
+        out = [torch.from_numpy(a).to("meta") for a in leaves]
+        done = self.event()
+        done.record(stream)
+        self.consumer.wait_event(done)
+        return out, done
+
+    def synchronize(self) -> None:
+        self.gpu.run_all()
 
 
-def fake_events(monkeypatch: Any) -> None:
-    """torch.cuda's events, current stream and synchronize, faked."""
-    FakeEvent.made = []
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+class FakeStream:
+    """Stands in for the consumer's torch.cuda.Stream."""
+
+    def __init__(self) -> None:
+        self.waited: list[FakeEvent] = []
+
+    def wait_event(self, event: FakeEvent) -> None:
+        self.waited.append(event)
+
+
+def fake_ring(
+    device: torch.device, gpu: FakeGpu, copy_stream: bool = False, pin: bool = False
+) -> CudaRing:
+    """A CudaRing on a FakeGpu; ``pin`` registers the ring on the returner
+    thread, as the DataLoader's does."""
+    return CudaRing(
+        device, copy_stream, pin=pin, register_later=pin, cuda=FakeCuda(gpu)
+    )
+
+
+def wait_until(condition: Any, timeout: float = 10.0) -> None:
+    """Until ``condition()`` holds: the returner thread gives slots back
+    after the fake GPU passes their events, not at once."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the returner did not give slots back"
+        time.sleep(0.005)
