@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from . import cases, procstat, report, torch_startup, train
+from . import cases, gpu_timeline, procstat, report, torch_startup, train
 from .isolated import run_isolated
 from .measure import Budget, Options, Result, run
 from .transports import AUTO, FASTQ, PEERS, TRANSPORTS, Case
@@ -31,9 +31,10 @@ SECTIONS = (
     "decode",
     "torch-startup",
     "train",
+    "gpu-model",
 )
 # Cases that run on the time budget (--seconds, --warmup, --blocks).
-_BUDGETED = SECTIONS[:-2]
+_BUDGETED = SECTIONS[:-3]
 GROUPS = {
     "all": tuple(TRANSPORTS),
     "fastq-all": FASTQ,
@@ -127,7 +128,10 @@ def _parser() -> argparse.ArgumentParser:
         "training loop (JPEG decoding and augmentation in the workers, an SGD "
         "step) fed by torch's DataLoader, fastq.torch.DataLoader and "
         "TorchPrefetcher, beside the step on one batch reused (see the train "
-        "options; on the CPU well under a minute)",
+        "options; on the CPU well under a minute); gpu-model = the GPU "
+        "training loop with pin_memory=True on a model of the GPU's timeline "
+        "(fastq/_bench/gpu_model.py), ResNet-50 and ResNet-18 step shapes, 15 "
+        "workers at a set rate, on any machine (about 2 minutes a --repeat)",
     )
     p.add_argument(
         "--all",
@@ -448,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if "train" in sections:
         add_train(args, plan, counts, text)
+    if "gpu-model" in sections:
+        add_gpu_model(args, plan, counts, text)
 
     command = "python -m fastq bench" + "".join(
         " " + shlex.quote(a) for a in (sys.argv[2:] if argv is None else argv)
@@ -548,4 +554,39 @@ def add_train(
         text.append(train.table(runs, repeats) + "\n")
 
     plan.append(("train", train_runs))
+    counts.append(len(configs) * repeats)
+
+
+def add_gpu_model(
+    args: argparse.Namespace,
+    plan: list[tuple[str, Callable[[_Session], None]]],
+    counts: list[int],
+    text: list[str],
+) -> None:
+    """Plans `--case gpu-model`; skips it, saying why, without torch."""
+    if importlib.util.find_spec("torch") is None:
+        plan.append(
+            ("gpu-model", lambda s: s.skipped.add("gpu-model: torch is not installed"))
+        )
+        counts.append(0)
+        return
+    configs = gpu_timeline.plan(tuple(gpu_timeline.SHAPES))
+    repeats = max(1, int(args.repeat))
+
+    def model_runs(session: _Session) -> None:
+        def progress(r: gpu_timeline.Run) -> None:
+            session.done += 1
+            print(
+                f"[{session.done:3}/{session.total}] gpu-model "
+                f"{gpu_timeline.describe(r)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            session.records.append({"section": "gpu-model", **asdict(r)})
+
+        runs = gpu_timeline.run_all(configs, repeats, progress)
+        text.append(gpu_timeline.INTRO.format(repeats=repeats) + "\n")
+        text.append(gpu_timeline.table(runs) + "\n")
+
+    plan.append(("gpu-model", model_runs))
     counts.append(len(configs) * repeats)
