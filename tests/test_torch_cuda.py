@@ -4,6 +4,7 @@ bandwidth from the ring. Skipped where no CUDA device is visible."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch_helpers.datasets import Bulk, DictImages, Images, expected  # noqa: E402
+from torch_helpers.pinning import wait_until  # noqa: E402
 
 import fastq  # noqa: E402
 from fastq.torch import TorchPrefetcher  # noqa: E402
@@ -213,6 +215,11 @@ def pinned_blocks_taken(loader: Any) -> tuple[int, int]:
 
     it = iter(loader)
     next(it)  # the workers run (and fastq's ring exists)
+    engine = getattr(loader, "_engine", None)
+    if engine is not None:
+        # fastq pins its ring off the first batch's path: once it is
+        # pinned, no batch takes a block.
+        wait_until(lambda: engine._engine.pinning.registered)
     before = handed()
     batches = 0
     for images, *_ in it:
@@ -278,12 +285,14 @@ def test_dataloader_forks_its_workers_after_cuda_with_a_late_import(
     path = tmp_path / "late.py"
     path.write_text(script)
     here = str(__import__("pathlib").Path(__file__).resolve().parent)
+    paths = [here, os.environ.get("PYTHONPATH")]
     proc = subprocess.run(
         [sys.executable, str(path)],
         capture_output=True,
         text=True,
         timeout=60,
-        env={**__import__("os").environ, "PYTHONPATH": here},
+        # The tests' helpers, then whatever path made fastq importable here.
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))},
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
