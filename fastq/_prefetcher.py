@@ -468,7 +468,15 @@ class Prefetcher:
             ``busy_s``, ``wait_s`` and ``task``, and ``autotune`` (None
             unless ``workers="auto"``): ``workers`` running, ``pool``
             started, ``why``, and ``decisions``, each with ``at_s``,
-            ``workers`` and ``why``.
+            ``workers`` and ``why``; and ``pinned`` (None unless the ring
+            is page-locked): ``registered``, ``loop_synchronizes`` (the
+            times the loop's thread waited for the GPU on the ring's
+            account: only ``close()`` does), ``device_held`` and
+            ``peak_device_held`` (slots the loop released that wait for
+            the GPU to read them, now and at most), ``copied_batches``
+            (copied because the loop kept too many) and
+            ``workers_slot_wait_s`` (the workers' time waiting for a free
+            slot).
         """
         return self._engine.stats(self.slots)
 
