@@ -42,9 +42,7 @@ _lock = threading.Lock()
 _installs = 0  # install() calls not yet undone
 # fastq's loader for each torch DataLoader routed so far (weakly: it goes
 # with the torch loader, and its workers with it).
-_SHADOWS: weakref.WeakKeyDictionary[Any, DataLoader[Any]] = (
-    weakref.WeakKeyDictionary()
-)
+_SHADOWS: weakref.WeakKeyDictionary[Any, DataLoader[Any]] = weakref.WeakKeyDictionary()
 # What a fastq DataLoader given to accelerate is recognised by, by identity
 # (weakly): its batch sampler (map-style with batches), its sampler
 # (map-style without) or its dataset (iterable), with that loader's own
