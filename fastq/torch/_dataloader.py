@@ -211,9 +211,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         epoch = self._next_epoch()
         engine = self._engine
         if engine is not None and (
-            engine.closed or not self.persistent_workers or engine.sizing
+            engine.closed
+            or not self.persistent_workers
+            or engine.sizing
+            or engine.inherited
         ):
-            engine.close()
+            engine.close()  # a no-op where it is inherited
             engine = self._engine = None
         # A loaded state brings the generator back to where this epoch's
         # draws began: before the base seed's draw if the state has no

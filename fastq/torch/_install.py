@@ -113,6 +113,7 @@ def adopt(loader: DataLoader[Any]) -> None:
     """The torch DataLoader accelerate rebuilds from `loader` (over its batch
     sampler, or a sharded or skipping one around it) runs on fastq's workers,
     with `loader`'s own options."""
+    mark: Any
     if loader._dataset_kind == torch.utils.data.dataloader._DatasetKind.Iterable:
         mark = loader.dataset
     elif loader.batch_sampler is not None:
