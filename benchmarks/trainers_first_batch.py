@@ -25,15 +25,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "torch_helpers" / "trainer_routes.py"
 
-# (label, route, processes, loader). accelerate-prepare builds torch's own
-# loader from either, so it runs once; TorchPrefetcher has no torch twin.
+# (label, route, processes, loader). TorchPrefetcher has no torch twin;
+# transformers' Trainer builds its own loader, on fastq's workers after
+# fastq.torch.install() (the fastq case).
 CASES = [
     ("Lightning, 1 process", "lightning-hook", 1, "torch"),
     ("Lightning, 1 process", "lightning-hook", 1, "fastq"),
     ("Lightning DDP, 2 processes", "lightning-hook", 2, "torch"),
     ("Lightning DDP, 2 processes", "lightning-hook", 2, "fastq"),
+    ("accelerate prepare(loader), 1 process", "accelerate-prepare", 1, "torch"),
     ("accelerate prepare(loader), 1 process", "accelerate-prepare", 1, "fastq"),
+    ("accelerate prepare(loader), 2 processes", "accelerate-prepare", 2, "torch"),
     ("accelerate prepare(loader), 2 processes", "accelerate-prepare", 2, "fastq"),
+    ("transformers Trainer, 1 process", "transformers", 1, "torch"),
+    ("transformers Trainer, 1 process", "transformers", 1, "fastq"),
     ("accelerate + DistributedSampler, 1 process", "accelerate-sampler", 1, "torch"),
     ("accelerate + DistributedSampler, 1 process", "accelerate-sampler", 1, "fastq"),
     ("accelerate + DistributedSampler, 2 processes", "accelerate-sampler", 2, "torch"),

@@ -314,6 +314,13 @@ class PlannedLoader:
         # Its engine closes itself on a fatal error (a worker's death).
         return self._closed or self._engine.closed
 
+    @property
+    def inherited(self) -> bool:
+        """This process is a forked copy of the one that started the engine
+        (accelerate's notebook_launcher forks with the loader): the workers
+        and slots are the parent's, for it neither to use nor to close."""
+        return os.getpid() != self._pid
+
     def close(self) -> None:
         """Stops and reaps every worker; batches handed out stay valid."""
         if self._closed or os.getpid() != self._pid:

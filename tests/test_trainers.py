@@ -1,8 +1,9 @@
 """fastq.torch.DataLoader under the trainers that treat torch DataLoaders
 specially, one route at a time: Lightning in one process and under DDP on
-CPU (it re-creates the loader with a DistributedSampler), and accelerate in
-one and two processes (``prepare`` replaces any torch DataLoader with its
-own; the fastq routes keep the loader out of ``prepare``).
+CPU (it re-creates the loader with a DistributedSampler), accelerate in one
+and two processes (``prepare`` rebuilds the loader as torch's class, which
+keeps fastq's workers), and transformers' Trainer after
+``fastq.torch.install()``.
 
 Each run is a subprocess (tests/torch_helpers/trainer_routes.py) whose
 training steps record the labels they saw; every epoch must train on every
@@ -32,14 +33,20 @@ FASTQ, TORCH = 2, 1  # who produced a sample: a fastq worker, a DataLoader worke
 
 
 def run_routes(
-    out: Path, routes: str, *, processes: int = 1, launcher: str = "", timeout: float
+    out: Path,
+    routes: str,
+    *,
+    processes: int = 1,
+    launcher: str = "",
+    timeout: float,
+    loader: str = "fastq",
 ) -> dict[str, list[dict[str, Any]]]:
     """Each route's records, one per rank, rank 0 first."""
     cmd = [sys.executable]
     if launcher == "torchrun":
         cmd += ["-m", "torch.distributed.run", "--standalone"]
         cmd += [f"--nproc_per_node={processes}"]
-    cmd += [str(SCRIPT), routes, str(out)]
+    cmd += [str(SCRIPT), routes, str(out), "--loader", loader]
     if launcher == "lightning":
         cmd += ["--devices", str(processes)]  # Lightning re-runs the script
     launch(cmd, out, timeout)
@@ -118,62 +125,124 @@ def test_lightning(lightning_runs: dict[str, list[dict[str, Any]]], route: str) 
 
 # ---------------------------------------------------------------- accelerate
 
+# prepare(model, opt, loader) routes, run again over torch's DataLoader to
+# compare: the same batches, in the same order, on every rank.
+PREPARED = ["accelerate-prepare", "accelerate-skip", "accelerate-uneven"]
 ACCELERATE = [
-    "accelerate-prepare",
+    *PREPARED,
     "accelerate-sampler",
     "accelerate-prefetcher",
     "accelerate-iterable",
     "accelerate-iterable-prepare",
 ]
+BATCH, UNEVEN_N = 8, 60  # as in trainer_routes.py
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc"])
 def accelerate_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, list[dict[str, Any]]]:
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """{"fastq": route -> records, "torch": route -> records}."""
     pytest.importorskip("accelerate")
     processes = int(request.param)
-    out = tmp_path_factory.mktemp(f"accelerate{processes}")
     # `accelerate launch --cpu --num_processes 2` starts one process on one
     # machine (without an MPI hostfile), so two processes come from torchrun,
     # as accelerate's own multi-process launcher does it.
-    return run_routes(
-        out,
-        ",".join(ACCELERATE),
-        processes=processes,
-        launcher="torchrun" if processes > 1 else "",
-        timeout=200,
-    )
+    launcher = "torchrun" if processes > 1 else ""
+    runs = {}
+    for loader, routes in (("fastq", ACCELERATE), ("torch", PREPARED)):
+        out = tmp_path_factory.mktemp(f"accelerate{processes}-{loader}")
+        runs[loader] = run_routes(
+            out,
+            ",".join(routes),
+            processes=processes,
+            launcher=launcher,
+            timeout=200,
+            loader=loader,
+        )
+    return runs
 
 
 @pytest.mark.timeout(240)
-def test_accelerate_prepare_replaces_the_loader(
-    accelerate_runs: dict[str, list[dict[str, Any]]],
+def test_accelerate_prepare_keeps_fastq(
+    accelerate_runs: dict[str, dict[str, list[dict[str, Any]]]],
 ) -> None:
-    """accelerator.prepare(model, opt, loader) builds a torch DataLoader from
-    the loader's attributes (in a DataLoaderShard): still correct, but torch's
-    workers produce the batches, not fastq's."""
-    records = accelerate_runs["accelerate-prepare"]
-    check_epochs(records, TORCH)
-    for r in records:
+    """accelerator.prepare(model, opt, loader) rebuilds the fastq loader as a
+    torch DataLoader (in a DataLoaderShard) over the same batch sampler,
+    sharded across the processes: fastq's workers make every sample of
+    every epoch, the batches arrive on accelerator.device, and each rank
+    trains on the batches accelerate over torch's DataLoader gives it, in
+    the same order."""
+    records = accelerate_runs["fastq"]["accelerate-prepare"]
+    check_epochs(records, FASTQ)
+    torch_records = accelerate_runs["torch"]["accelerate-prepare"]
+    check_epochs(torch_records, TORCH)
+    for r, t in zip(records, torch_records):
         assert "torch.utils.data.dataloader.DataLoader" in r["loader_types"]
         assert "DataLoaderShard" in r["loader_types"]
+        assert r["devices"] == ["cpu"]
+        assert r["train"] == t["train"], f"rank {r['rank']}: not torch's order"
+        assert r["ends"] == t["ends"]
+
+
+@pytest.mark.timeout(240)
+def test_accelerate_skip_first_batches_keeps_fastq(
+    accelerate_runs: dict[str, dict[str, list[dict[str, Any]]]],
+) -> None:
+    """A run resumed two steps into its second epoch, as accelerate resumes
+    one: accelerator.skip_first_batches(prepared, 2) skips this rank's first
+    two batches of that epoch and no others, ends the epoch where accelerate
+    says it ends (gradient_state.end_of_dataloader at its last batch only),
+    and its batches, like the first epoch's, are torch's run's, all made by
+    fastq's workers."""
+    world = len(accelerate_runs["fastq"]["accelerate-skip"])
+    share = 64 // world
+    for r, t in zip(
+        accelerate_runs["fastq"]["accelerate-skip"],
+        accelerate_runs["torch"]["accelerate-skip"],
+    ):
+        assert r["producers"] == [FASTQ]
+        assert t["producers"] == [TORCH]
+        assert [len(r["train"][e]) for e in ("0", "1")] == [share, share - 2 * BATCH]
+        assert r["train"] == t["train"]
+        assert r["ends"] == t["ends"]
+        per_epoch = [share // BATCH, share // BATCH - 2]
+        assert r["ends"] == [i == n - 1 for n in per_epoch for i in range(n)]
+
+
+@pytest.mark.timeout(240)
+def test_accelerate_even_batches_keeps_fastq(
+    accelerate_runs: dict[str, dict[str, list[dict[str, Any]]]],
+) -> None:
+    """60 samples, batches of 8: with two processes accelerate's even_batches
+    fills the last batches from the epoch's start so each rank gets 4 full
+    ones (with one, the last batch has 4). The same batches as accelerate
+    over torch's DataLoader, every sample of them made by fastq's workers."""
+    records = accelerate_runs["fastq"]["accelerate-uneven"]
+    world = len(records)
+    for r, t in zip(records, accelerate_runs["torch"]["accelerate-uneven"]):
+        assert r["producers"] == [FASTQ]
+        assert r["train"] == t["train"]
+    for epoch in ("0", "1"):
+        seen = [i for r in records for i in r["train"][epoch]]
+        assert len(seen) == (UNEVEN_N if world == 1 else 64)
+        assert set(seen) == set(range(UNEVEN_N))
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("route", ["accelerate-sampler", "accelerate-prefetcher"])
-def test_accelerate_keeps_fastq(
-    accelerate_runs: dict[str, list[dict[str, Any]]], route: str
+def test_accelerate_unprepared_keeps_fastq(
+    accelerate_runs: dict[str, dict[str, list[dict[str, Any]]]], route: str
 ) -> None:
     """prepare(model, opt) only, and either a fastq DataLoader with a
     DistributedSampler(num_replicas=num_processes, rank=process_index) and
     set_epoch, or a TorchPrefetcher, which shards itself."""
-    check_epochs(accelerate_runs[route], FASTQ)
+    check_epochs(accelerate_runs["fastq"][route], FASTQ)
 
 
 @pytest.mark.timeout(240)
 def test_accelerate_and_an_iterable_datasets_loader(
-    accelerate_runs: dict[str, list[dict[str, Any]]],
+    accelerate_runs: dict[str, dict[str, list[dict[str, Any]]]],
 ) -> None:
     """fastq.torch.IterableDataset(...).loader() shards itself across the
     processes. Kept out of prepare(), it trains on every sample once per
@@ -181,8 +250,8 @@ def test_accelerate_and_an_iterable_datasets_loader(
     process accelerate wraps it and every sample still comes once; with
     two, prepare() refuses it naming the fix (accelerate would shard it
     again: process 0's share alone was trained on, split between the two)."""
-    check_epochs(accelerate_runs["accelerate-iterable"], FASTQ)
-    records = accelerate_runs["accelerate-iterable-prepare"]
+    check_epochs(accelerate_runs["fastq"]["accelerate-iterable"], FASTQ)
+    records = accelerate_runs["fastq"]["accelerate-iterable-prepare"]
     if len(records) == 1:
         check_epochs(records, FASTQ)
         assert records[0]["refused"] is None
@@ -193,6 +262,31 @@ def test_accelerate_and_an_iterable_datasets_loader(
         assert "world_size=2" in refused, refused
         assert "accelerator.prepare(model, optimizer)" in refused, refused
         assert "device=accelerator.device" in refused, refused
+
+
+# -------------------------------------------------------------- transformers
+
+
+@pytest.mark.timeout(120)
+def test_transformers_trainer_after_install(tmp_path: Path) -> None:
+    """transformers' Trainer builds its own torch DataLoader (two workers)
+    and hands it to accelerate; after fastq.torch.install() at the top of
+    the script, fastq's workers make every sample of both epochs, and each
+    step's loss is the one the same run gets from torch's DataLoader."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    runs = {}
+    for loader in ("fastq", "torch"):
+        out = tmp_path / loader
+        out.mkdir()
+        runs[loader] = run_routes(out, "transformers", timeout=100, loader=loader)
+    fastq_run, torch_run = runs["fastq"]["transformers"], runs["torch"]["transformers"]
+    check_epochs(fastq_run, FASTQ)
+    check_epochs(torch_run, TORCH)
+    fastq_run, torch_run = fastq_run[0], torch_run[0]
+    assert len(fastq_run["losses"]) == EPOCHS * N // BATCH
+    assert fastq_run["losses"] == torch_run["losses"]
+    assert fastq_run["train"] == torch_run["train"]
 
 
 @pytest.mark.timeout(180)

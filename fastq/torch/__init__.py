@@ -2,7 +2,8 @@
 migration from torch's DataLoader; TorchPrefetcher is the fastq-first
 spelling (tensors over the ring's slots, a page-locked ring, copies to the
 GPU on a side stream); IterableDataset wraps a TorchPrefetcher for code that
-takes a dataset. Importing this package imports torch; ``import fastq``
+takes a dataset; ``install()`` puts fastq's workers behind the DataLoaders
+libraries build. Importing this package imports torch; ``import fastq``
 alone never does."""
 
 try:
@@ -14,7 +15,16 @@ except ImportError as exc:  # pragma: no cover - exercised without torch only
     ) from exc
 
 from ._dataloader import DataLoader, DataLoaderTimeout
+from ._install import install, is_installed, uninstall
 from ._iterable import IterableDataset
 from ._prefetcher import TorchPrefetcher
 
-__all__ = ["DataLoader", "DataLoaderTimeout", "IterableDataset", "TorchPrefetcher"]
+__all__ = [
+    "DataLoader",
+    "DataLoaderTimeout",
+    "IterableDataset",
+    "TorchPrefetcher",
+    "install",
+    "is_installed",
+    "uninstall",
+]

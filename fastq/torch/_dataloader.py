@@ -211,9 +211,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         epoch = self._next_epoch()
         engine = self._engine
         if engine is not None and (
-            engine.closed or not self.persistent_workers or engine.sizing
+            engine.closed
+            or not self.persistent_workers
+            or engine.sizing
+            or engine.inherited
         ):
-            engine.close()
+            engine.close()  # a no-op where it is inherited
             engine = self._engine = None
         # A loaded state brings the generator back to where this epoch's
         # draws began: before the base seed's draw if the state has no
@@ -353,9 +356,28 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return {} if self._engine is None else self._engine.stats()
 
     def __getstate__(self) -> dict[str, Any]:
+        # As DataLoader's pickle: the arguments and the samplers, idle or
+        # mid-epoch; the copy starts its own workers at its first iter().
+        # The workers, the ring and the current loop stay with this loader.
         state = self.__dict__.copy()
         state["_engine"] = None
+        state["_live"] = None
         return state
+
+    # accelerate's Accelerator.prepare_data_loader() reads this attribute of
+    # the loader it is given, then rebuilds the loader as torch's class over
+    # the same batch sampler (sharded, or skipping, around it): reading it
+    # makes that rebuilt loader run on fastq's workers (fastq/torch/_install.py).
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        from ._install import adopt  # _install imports this module
+
+        adopt(self)
+        return bool(self.__dict__.get("_accelerate_prepared", False))
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        self.__dict__["_accelerate_prepared"] = value
 
     def __del__(self) -> None:
         engine = getattr(self, "_engine", None)
@@ -410,6 +432,13 @@ class _LoaderIterator:
 
     def __len__(self) -> int:
         return len(self._loader)
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a fastq.torch.DataLoader's iterator cannot be pickled: it holds "
+            "the running workers of one epoch (torch's cannot be pickled "
+            "either); pickle the DataLoader, whose copy starts its own workers"
+        )
 
     def __next__(self) -> Any:
         if self.superseded:

@@ -9,8 +9,12 @@ Routes: ``lightning-hook`` (the loaders come from the module's
 ``*_dataloader`` hooks), ``lightning-toplevel`` (built before the Trainer and
 passed to ``fit``), both with ``--devices 2`` for DDP on CPU (Lightning's
 launcher re-runs this script for rank 1); ``accelerate-prepare`` (the loader
-goes through ``accelerator.prepare``), ``accelerate-sampler`` (only the model
-and optimizer do; the loader gets a DistributedSampler), and
+goes through ``accelerator.prepare``), ``accelerate-skip`` (that, and the
+second epoch through ``accelerator.skip_first_batches(loader, 2)``, as a
+resumed run does), ``accelerate-uneven`` (60 samples: accelerate's
+``even_batches`` fills the last batches from the start), ``accelerate-sampler``
+(only the model and optimizer are prepared; the loader gets a
+DistributedSampler), and
 ``accelerate-prefetcher`` (a TorchPrefetcher, which shards itself),
 ``accelerate-iterable`` (``fastq.torch.IterableDataset(...).loader()``,
 which shards itself too, kept out of ``prepare``) and
@@ -18,8 +22,12 @@ which shards itself too, kept out of ``prepare``) and
 wraps it with one process and refuses it with several: the refusal is
 recorded). The accelerate routes run under torchrun for two processes
 (``accelerate launch
---cpu --num_processes 2`` starts one). Several routes run one after another
-in the same processes. ``--loader torch`` swaps in torch's DataLoader.
+--cpu --num_processes 2`` starts one). ``transformers`` trains a model
+defined here with transformers' ``Trainer`` (its own torch DataLoader, two
+workers, on the CPU), with ``fastq.torch.install()`` for ``--loader
+fastq``, recording each step's loss. Several routes run one after another
+in the same processes. ``--loader torch`` swaps in torch's DataLoader (and
+no install()).
 
 Sample i is (features(i), i, producer, fastq epoch): the producer says which
 kind of process made it (2: a fastq worker, 1: a torch DataLoader worker,
@@ -37,10 +45,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.utils.data
+# This script's folder holds a datasets.py of its own, which would hide
+# Hugging Face's `datasets` from transformers.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-import fastq
+import torch  # noqa: E402
+import torch.utils.data  # noqa: E402
+
+import fastq  # noqa: E402
 
 
 def _loader_flag(argv: list[str]) -> str:
@@ -56,10 +69,14 @@ if _loader_flag(sys.argv) == "fastq":
     # At the top, as a training script moved to fastq imports its loader.
     import fastq.torch
 
+    if "transformers" in sys.argv[1].split(","):
+        fastq.torch.install()  # the one line before a Trainer
+
 N = 64  # a multiple of world size x batch size: no padding, no partial batch
 BATCH = 8
 FEATURES = 6
 VAL_N = 32
+UNEVEN_N = 60  # not a multiple of world size x batch size
 
 T0 = time.perf_counter()  # the script's start, for wall_s
 
@@ -97,6 +114,9 @@ class Record:
         self.loader_types: set[str] = set()
         self.times: list[float] = []  # each training batch, from the start
         self.refused: str | None = None  # the error a route was refused with
+        self.ends: list[bool] = []  # accelerate's end_of_dataloader, per batch
+        self.devices: set[str] = set()  # where the batches arrived
+        self.losses: list[float] = []  # each training step's loss
 
     def start(self) -> None:
         self.fit_start = time.perf_counter()
@@ -125,6 +145,9 @@ class Record:
             "producers": sorted(self.producers),
             "loader_types": sorted(self.loader_types),
             "refused": self.refused,
+            "ends": self.ends,
+            "devices": sorted(self.devices),
+            "losses": self.losses,
             "first_batch_s": self.first_batch_s,
             "batch_times_s": self.times,
             "cpu_s": round(time.process_time(), 2),
@@ -236,8 +259,9 @@ def run_accelerate(route: str, args: argparse.Namespace, accelerator: Any) -> No
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     record.start()
     Loader = loader_class(args.loader)
-    if route == "accelerate-prepare":
-        loader: Any = Loader(Labeled(N), batch_size=BATCH, shuffle=True, num_workers=2)
+    if route in ("accelerate-prepare", "accelerate-skip", "accelerate-uneven"):
+        n = UNEVEN_N if route == "accelerate-uneven" else N
+        loader: Any = Loader(Labeled(n), batch_size=BATCH, shuffle=True, num_workers=2)
         net, opt, loader = accelerator.prepare(net, opt, loader)
     elif route == "accelerate-sampler":
         sampler = torch.utils.data.DistributedSampler(
@@ -274,14 +298,83 @@ def run_accelerate(route: str, args: argparse.Namespace, accelerator: Any) -> No
     for epoch in range(args.epochs):
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
-        for batch in loader:
+        epoch_loader = loader
+        if route == "accelerate-skip" and epoch == 1:
+            # A run resumed two steps into its second epoch.
+            epoch_loader = accelerator.skip_first_batches(loader, 2)
+            record.loader_types.add(type(epoch_loader).__name__)
+        for batch in epoch_loader:
             record.batch(epoch, batch)
+            record.ends.append(accelerator.gradient_state.end_of_dataloader)
+            record.devices.add(str(batch[0].device))
             opt.zero_grad()
             accelerator.backward(loss_of(net, batch))
             opt.step()
     if hasattr(loader, "close"):
         loader.close()
     record.write(args.out_dir, route, rank, world)
+
+
+# -------------------------------------------------------------- transformers
+
+
+def run_transformers(route: str, args: argparse.Namespace) -> None:
+    """transformers' Trainer on the CPU builds its own torch DataLoader over
+    a dict dataset and hands it to accelerate; each step records its batch
+    and loss."""
+    from transformers import Trainer, TrainingArguments
+
+    record = Record()
+
+    class Samples(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __init__(self) -> None:
+            self.labeled = Labeled(N)
+
+        def __len__(self) -> int:
+            return N
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            x, label, producer, fq_epoch = self.labeled[i]
+            return {"x": x, "labels": label, "producer": producer, "fq": fq_epoch}
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model()
+
+        def forward(
+            self,
+            x: torch.Tensor,
+            labels: torch.Tensor,
+            producer: torch.Tensor,
+            fq: torch.Tensor,
+        ) -> dict[str, torch.Tensor]:
+            loss = loss_of(self.net, (x, labels, producer, fq))
+            if self.training:
+                epoch = len(record.losses) // (N // BATCH)
+                record.batch(epoch, (x, labels, producer, fq))
+                record.losses.append(loss.item())
+            return {"loss": loss}
+
+    training_args = TrainingArguments(
+        output_dir=str(args.out_dir / "trainer"),
+        use_cpu=True,
+        per_device_train_batch_size=BATCH,
+        num_train_epochs=args.epochs,
+        dataloader_num_workers=2,
+        learning_rate=0.1,
+        seed=0,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        remove_unused_columns=False,
+    )
+    trainer = Trainer(model=Tiny(), args=training_args, train_dataset=Samples())
+    record.start()
+    trainer.train()
+    record.loader_types.add(type(trainer.get_train_dataloader()).__name__)
+    record.write(args.out_dir, route, 0, 1)
 
 
 def main() -> None:
@@ -297,6 +390,9 @@ def main() -> None:
     for route in args.routes.split(","):
         if route.startswith("lightning"):
             run_lightning(route, args)
+            continue
+        if route == "transformers":
+            run_transformers(route, args)
             continue
         if accelerator is None:
             from accelerate import Accelerator
