@@ -125,7 +125,7 @@ def _unpicklable(method: str, exc: BaseException) -> str:
     )
 
 
-def handoff_for_workers(objs: Any) -> Handoff:
+def handoff_for_workers(objs: Any, beside: bool = True) -> Handoff:
     """objs, pickled once for all of a pool's workers when the first of
     them needs it; loaded with fastq._shared_arrays.load_for_worker."""
-    return Handoff(objs, _dump)
+    return Handoff(objs, _dump, beside)

@@ -127,16 +127,22 @@ class Handoff:
     """The user's objects pickled once for every worker of a pool, with
     their large arrays in shared memory. ``payload()`` is made the first
     time a worker is started by spawn or forkserver (never under fork):
-    the pickle, the memfds its arrays lie in, and the descriptors its
-    objects hold (each worker is passed duplicates of its own). ``close()``
-    releases this process's hold on the copied arrays (each worker keeps
-    its mapping)."""
+    the pickle (in a memfd, see NOTE [ The pickle beside the pipe ]), the
+    memfds its arrays lie in, and the descriptors its objects hold (each
+    worker is passed duplicates of its own). ``close()`` releases this
+    process's hold on the pickle and the copied arrays (each worker keeps
+    what it read or mapped).
 
-    def __init__(self, objs: Any, dump: Any) -> None:
+    ``beside=False`` keeps the pickle in the payload itself, for a payload
+    made with no owner left to close a memfd."""
+
+    def __init__(self, objs: Any, dump: Any, beside: bool = True) -> None:
         self._objs = objs
         self._dump = dump  # (objs, file, arrays) -> the descriptors it names
+        self._beside = beside
         self._payload: Payload | None = None
         self._copied = -1  # the memfd of copied arrays
+        self._pickle = -1  # the memfd of the pickle
 
     def payload(self) -> Payload:
         if self._payload is None:
@@ -154,17 +160,44 @@ class Handoff:
                 "fastq-dataset-arrays", found.copy_bytes, found.copied
             )
             fds.append(SharedFd(self._copied))
-        return buf.getvalue(), fds, [SharedFd(fd) for fd in descriptors]
+        data: bytes | SharedFd = buf.getvalue()
+        if self._beside:
+            view = buf.getbuffer()
+            self._pickle = _filled_memfd(
+                "fastq-dataset-pickle",
+                max(len(view), 1),
+                [(np.frombuffer(view, np.uint8), 0)],
+            )
+            del view
+            data = SharedFd(self._pickle)
+        return data, fds, [SharedFd(fd) for fd in descriptors]
 
     def close(self) -> None:
         self._objs = None
-        if self._copied >= 0:
-            os.close(self._copied)
-            self._copied = -1
+        for fd in (self._copied, self._pickle):
+            if fd >= 0:
+                os.close(fd)
+        self._copied = self._pickle = -1
 
 
-# A pickle, the memfds of its arrays, the descriptors its objects hold.
-Payload = tuple[bytes, list[SharedFd], list[SharedFd]]
+# NOTE [ The pickle beside the pipe ]
+#
+# spawn and forkserver send a new worker its Process object through a pipe,
+# and the parent blocks in that write (popen_spawn_posix._launch) until the
+# child has read all but a pipe's capacity (64 KiB, or a page or two where
+# the user holds many pipes). The child reads it only after re-running the
+# main script; a script without a main guard that builds a loader there
+# makes the child exit first, and multiprocessing keeps its own copy of the
+# pipe's read end open in the parent while it writes, so the write never
+# fails: the parent hangs. The user's pickle is what makes that write grow
+# (a dataset holding a list of a million paths is megabytes), so it lies in
+# a memfd the worker maps instead, and what goes through the pipe is the
+# worker's small configuration: the child's early exit is then a WorkerDied.
+
+
+# A pickle (or the memfd it lies in), the memfds of its arrays, the
+# descriptors its objects hold.
+Payload = tuple["bytes | SharedFd", list[SharedFd], list[SharedFd]]
 
 
 class PayloadFd:
@@ -278,7 +311,7 @@ _incoming_fds: list[int] = []
 
 
 def load_for_worker(
-    data: bytes, fds: list[SharedFd], descriptors: list[SharedFd]
+    data: bytes | SharedFd, fds: list[SharedFd], descriptors: list[SharedFd]
 ) -> Any:
     """The user's objects, in a worker: maps the payload's memfds, then
     unpickles (each array a view of its mapping, each object's descriptor
@@ -297,10 +330,17 @@ def load_for_worker(
                 )
             )
         _incoming, _incoming_fds = mappings, [d.fd for d in descriptors]
-        return pickle.loads(data)
+        if not isinstance(data, SharedFd):
+            return pickle.loads(data)
+        size = os.fstat(data.fd).st_size
+        with mmap.mmap(data.fd, size, prot=mmap.PROT_READ) as pickled:
+            return pickle.loads(pickled)
     finally:
         _incoming, _incoming_fds = [], []
-        for shared in (*fds, *descriptors):
+        owned = [*fds, *descriptors]
+        if isinstance(data, SharedFd):
+            owned.append(data)
+        for shared in owned:
             os.close(shared.fd)  # the mappings and the objects' duplicates stay
 
 

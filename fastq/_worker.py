@@ -92,7 +92,9 @@ class WorkerConfig:
         # made once for all the pool's workers, with large arrays in shared
         # memory. Descriptors inside them still reach the worker (_handoff).
         user = tuple(state.pop(n) for n in _USER_FIELDS)
-        handoff = state.pop("handoff") or handoff_for_workers(user)
+        # (Without a pool's handoff, no one would close a memfd of the
+        # pickle: it travels inline.)
+        handoff = state.pop("handoff") or handoff_for_workers(user, beside=False)
         state["_user"] = handoff.payload()
         return state
 
