@@ -212,8 +212,8 @@ def _refusal(method: str, kind: str, obj: Any, where: str | None) -> str:
     what = f"{where} is {kind}" if where else f"the source or worker_init holds {kind}"
     if kind in ("an open file", "a socket"):
         why = (
-            "a handle on something outside the process cannot be pickled: a "
-            "worker would get a copy of what it held, or nothing, in its place"
+            "a handle on something outside this process, of which a worker "
+            "would get a copy of what it held, or nothing"
         )
         fix = (
             "keep what opens it (a path, an address) and open it in the "
@@ -221,13 +221,13 @@ def _refusal(method: str, kind: str, obj: Any, where: str | None) -> str:
             "__getstate__ and reopen it where it is missing)"
         )
     else:
-        why = f"{kind[kind.index(' ') + 1 :]}s cannot be pickled"
+        why = f"{kind.split(' ', 1)[1]}s stay in the process that made them"
         fix = "create it in the worker: in worker_init, or on first use"
     return (
-        f"{what} ({_short_repr(obj)}): workers started with {method!r} get "
-        f"the source by pickling, and {why}. Fix: {fix}; or leave the start "
-        "method unset (start_method, or DataLoader's multiprocessing_context), "
-        "so that workers fork and inherit it"
+        f"{what} ({_short_repr(obj)}), which cannot be pickled for workers "
+        f"started with {method!r}: {why}. Fix: {fix}; or leave start_method "
+        "unset (a DataLoader's multiprocessing_context), so that workers "
+        "fork and inherit it"
     )
 
 

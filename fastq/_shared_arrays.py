@@ -139,10 +139,10 @@ class Handoff:
     def __init__(self, objs: Any, dump: Any, beside: bool = True) -> None:
         self._objs = objs
         self._dump = dump  # (objs, file, arrays) -> the descriptors it names
-        self._beside = beside
+        self.spills = beside
         self._payload: Payload | None = None
         self._copied = -1  # the memfd of copied arrays
-        self._pickle = -1  # the memfd of the pickle
+        self._beside: list[int] = []  # memfds of pickles (the user's, configs)
 
     def payload(self) -> Payload:
         if self._payload is None:
@@ -161,23 +161,24 @@ class Handoff:
             )
             fds.append(SharedFd(self._copied))
         data: bytes | SharedFd = buf.getvalue()
-        if self._beside:
-            view = buf.getbuffer()
-            self._pickle = _filled_memfd(
-                "fastq-dataset-pickle",
-                max(len(view), 1),
-                [(np.frombuffer(view, np.uint8), 0)],
-            )
-            del view
-            data = SharedFd(self._pickle)
+        if self.spills:
+            data = self.beside(buf.getbuffer(), "fastq-dataset-pickle")
         return data, fds, [SharedFd(fd) for fd in descriptors]
+
+    def beside(self, data: Any, name: str) -> SharedFd:
+        """A pickle (bytes-like) in a memfd that lives until close(), for a
+        worker to read with ``read_beside``."""
+        view = np.frombuffer(data, np.uint8)
+        fd = _filled_memfd(name, max(len(view), 1), [(view, 0)])
+        self._beside.append(fd)
+        return SharedFd(fd)
 
     def close(self) -> None:
         self._objs = None
-        for fd in (self._copied, self._pickle):
+        for fd in (self._copied, *self._beside):
             if fd >= 0:
                 os.close(fd)
-        self._copied = self._pickle = -1
+        self._copied, self._beside = -1, []
 
 
 # NOTE [ The pickle beside the pipe ]
@@ -190,9 +191,22 @@ class Handoff:
 # makes the child exit first, and multiprocessing keeps its own copy of the
 # pipe's read end open in the parent while it writes, so the write never
 # fails: the parent hangs. The user's pickle is what makes that write grow
-# (a dataset holding a list of a million paths is megabytes), so it lies in
-# a memfd the worker maps instead, and what goes through the pipe is the
-# worker's small configuration: the child's early exit is then a WorkerDied.
+# (a dataset holding a list of a million paths is megabytes), and the
+# worker's configuration with it (its first batch's indices), so both lie
+# in memfds the worker reads instead (WorkerConfig.__getstate__), and what
+# goes through the pipe is about a kilobyte, whatever the dataset or the
+# batch size: the child's early exit is then a WorkerDied.
+
+
+def read_beside(shared: SharedFd) -> Any:
+    """What Handoff.beside put in a memfd (this worker's descriptor of it,
+    which is closed)."""
+    try:
+        size = os.fstat(shared.fd).st_size
+        with mmap.mmap(shared.fd, size, prot=mmap.PROT_READ) as pickled:
+            return pickle.loads(pickled)
+    finally:
+        os.close(shared.fd)
 
 
 # A pickle (or the memfd it lies in), the memfds of its arrays, the
@@ -330,17 +344,12 @@ def load_for_worker(
                 )
             )
         _incoming, _incoming_fds = mappings, [d.fd for d in descriptors]
-        if not isinstance(data, SharedFd):
-            return pickle.loads(data)
-        size = os.fstat(data.fd).st_size
-        with mmap.mmap(data.fd, size, prot=mmap.PROT_READ) as pickled:
-            return pickle.loads(pickled)
+        if isinstance(data, SharedFd):
+            return read_beside(data)
+        return pickle.loads(data)
     finally:
         _incoming, _incoming_fds = [], []
-        owned = [*fds, *descriptors]
-        if isinstance(data, SharedFd):
-            owned.append(data)
-        for shared in owned:
+        for shared in (*fds, *descriptors):
             os.close(shared.fd)  # the mappings and the objects' duplicates stay
 
 
