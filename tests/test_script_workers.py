@@ -75,9 +75,11 @@ SCRIPT = textwrap.dedent(
 )
 
 # No main guard: every worker runs the loop again while it starts. The
-# dataset's pickle is megabytes, more than a pipe holds.
+# dataset's pickle (a million paths), or the first batch's indices (a
+# batch of 50000), is more than a pipe holds.
 UNGUARDED = textwrap.dedent(
     """
+    import sys
     import torch.utils.data
     from fastq.torch import DataLoader
 
@@ -91,7 +93,8 @@ UNGUARDED = textwrap.dedent(
         def __getitem__(self, i):
             return i
 
-    for batch in DataLoader(Paths(10**6), batch_size=8, num_workers=1,
+    size, batch = int(sys.argv[1]), int(sys.argv[2])
+    for batch in DataLoader(Paths(size), batch_size=batch, num_workers=1,
                             multiprocessing_context="spawn"):
         break
     """
@@ -124,12 +127,15 @@ def test_module_level_values_as_dataloader_workers_see_them(
     assert out["local"] == [[5, 6], [7, 8]]
 
 
-def test_unguarded_script_ends_naming_itself(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("size", "batch"), [(10**6, 8), (50_000, 50_000)])
+def test_unguarded_script_ends_naming_itself(
+    size: int, batch: int, tmp_path: Path
+) -> None:
     """It used to hang in multiprocessing's write of the worker's start
     data (NOTE [ The pickle beside the pipe ] in fastq/_shared_arrays.py)."""
     script = tmp_path / "unguarded.py"
     script.write_text(UNGUARDED)
-    done = _run(script, timeout=100)
+    done = _run(script, str(size), str(batch), timeout=100)
     assert done.returncode != 0
     assert "fastq.errors.WorkerDied" in done.stderr, done.stderr
     fix = [line for line in done.stderr.splitlines() if line.startswith("fastq: ")]
