@@ -23,9 +23,18 @@ from .errors import WorkerDied
 MAIN_REIMPORTED_EXIT = 86
 
 
+def _main_path() -> str:
+    # While multiprocessing re-runs the script in a new worker, the script
+    # runs as __mp_main__, and __main__ is still the worker's bootstrap.
+    for name in ("__mp_main__", "__main__"):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(path, str) and path:
+            return path
+    return "the main script"
+
+
 def main_reimported(method: str | None) -> str:
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None) or "the main script"
+    path = _main_path()
     who = (
         "spawn and forkserver workers"
         if method is None

@@ -105,9 +105,11 @@ class Prefetcher:
         Python version and also once CUDA is initialised (workers never
         touch CUDA). Under spawn and forkserver the source and
         ``worker_init`` are pickled with cloudpickle: lambdas, closures and
-        classes of a notebook or ``python -c`` travel by value, and
-        multiprocessing objects must come from that start method's context
-        (``multiprocessing.get_context("spawn").Value(...)``).
+        classes of a notebook or ``python -c`` travel by value, a script's
+        top-level classes by name (workers run the script again, as
+        DataLoader's do), multiprocessing objects must come from that start
+        method's context (``multiprocessing.get_context("spawn").Value(...)``),
+        and open files and sockets are refused.
     worker_init : callable, optional
         Called as ``worker_init(worker_id)`` in each worker before it starts.
     timeout : float, optional

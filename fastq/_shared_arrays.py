@@ -127,16 +127,22 @@ class Handoff:
     """The user's objects pickled once for every worker of a pool, with
     their large arrays in shared memory. ``payload()`` is made the first
     time a worker is started by spawn or forkserver (never under fork):
-    the pickle, the memfds its arrays lie in, and the descriptors its
-    objects hold (each worker is passed duplicates of its own). ``close()``
-    releases this process's hold on the copied arrays (each worker keeps
-    its mapping)."""
+    the pickle (in a memfd, see NOTE [ The pickle beside the pipe ]), the
+    memfds its arrays lie in, and the descriptors its objects hold (each
+    worker is passed duplicates of its own). ``close()`` releases this
+    process's hold on the pickle and the copied arrays (each worker keeps
+    what it read or mapped).
 
-    def __init__(self, objs: Any, dump: Any) -> None:
+    ``beside=False`` keeps the pickle in the payload itself, for a payload
+    made with no owner left to close a memfd."""
+
+    def __init__(self, objs: Any, dump: Any, beside: bool = True) -> None:
         self._objs = objs
         self._dump = dump  # (objs, file, arrays) -> the descriptors it names
+        self.spills = beside
         self._payload: Payload | None = None
         self._copied = -1  # the memfd of copied arrays
+        self._beside: list[int] = []  # memfds of pickles (the user's, configs)
 
     def payload(self) -> Payload:
         if self._payload is None:
@@ -154,17 +160,58 @@ class Handoff:
                 "fastq-dataset-arrays", found.copy_bytes, found.copied
             )
             fds.append(SharedFd(self._copied))
-        return buf.getvalue(), fds, [SharedFd(fd) for fd in descriptors]
+        data: bytes | SharedFd = buf.getvalue()
+        if self.spills:
+            data = self.beside(buf.getbuffer(), "fastq-dataset-pickle")
+        return data, fds, [SharedFd(fd) for fd in descriptors]
+
+    def beside(self, data: Any, name: str) -> SharedFd:
+        """A pickle (bytes-like) in a memfd that lives until close(), for a
+        worker to read with ``read_beside``."""
+        view = np.frombuffer(data, np.uint8)
+        fd = _filled_memfd(name, max(len(view), 1), [(view, 0)])
+        self._beside.append(fd)
+        return SharedFd(fd)
 
     def close(self) -> None:
         self._objs = None
-        if self._copied >= 0:
-            os.close(self._copied)
-            self._copied = -1
+        for fd in (self._copied, *self._beside):
+            if fd >= 0:
+                os.close(fd)
+        self._copied, self._beside = -1, []
 
 
-# A pickle, the memfds of its arrays, the descriptors its objects hold.
-Payload = tuple[bytes, list[SharedFd], list[SharedFd]]
+# NOTE [ The pickle beside the pipe ]
+#
+# spawn and forkserver send a new worker its Process object through a pipe,
+# and the parent blocks in that write (popen_spawn_posix._launch) until the
+# child has read all but a pipe's capacity (64 KiB, or a page or two where
+# the user holds many pipes). The child reads it only after re-running the
+# main script; a script without a main guard that builds a loader there
+# makes the child exit first, and multiprocessing keeps its own copy of the
+# pipe's read end open in the parent while it writes, so the write never
+# fails: the parent hangs. The user's pickle is what makes that write grow
+# (a dataset holding a list of a million paths is megabytes), and the
+# worker's configuration with it (its first batch's indices), so both lie
+# in memfds the worker reads instead (WorkerConfig.__getstate__), and what
+# goes through the pipe is about a kilobyte, whatever the dataset or the
+# batch size: the child's early exit is then a WorkerDied.
+
+
+def read_beside(shared: SharedFd) -> Any:
+    """What Handoff.beside put in a memfd (this worker's descriptor of it,
+    which is closed)."""
+    try:
+        size = os.fstat(shared.fd).st_size
+        with mmap.mmap(shared.fd, size, prot=mmap.PROT_READ) as pickled:
+            return pickle.loads(pickled)
+    finally:
+        os.close(shared.fd)
+
+
+# A pickle (or the memfd it lies in), the memfds of its arrays, the
+# descriptors its objects hold.
+Payload = tuple["bytes | SharedFd", list[SharedFd], list[SharedFd]]
 
 
 class PayloadFd:
@@ -278,7 +325,7 @@ _incoming_fds: list[int] = []
 
 
 def load_for_worker(
-    data: bytes, fds: list[SharedFd], descriptors: list[SharedFd]
+    data: bytes | SharedFd, fds: list[SharedFd], descriptors: list[SharedFd]
 ) -> Any:
     """The user's objects, in a worker: maps the payload's memfds, then
     unpickles (each array a view of its mapping, each object's descriptor
@@ -297,6 +344,8 @@ def load_for_worker(
                 )
             )
         _incoming, _incoming_fds = mappings, [d.fd for d in descriptors]
+        if isinstance(data, SharedFd):
+            return read_beside(data)
         return pickle.loads(data)
     finally:
         _incoming, _incoming_fds = [], []

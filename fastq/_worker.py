@@ -7,13 +7,14 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from multiprocessing import reduction
 from typing import Any, Callable
 
 from ._handoff import handoff_for_workers
 from ._plan import Plan, PlanLayout
 from ._ring import Ring
 from ._sampler import EpochSampler
-from ._shared_arrays import Handoff, load_for_worker
+from ._shared_arrays import Handoff, load_for_worker, read_beside
 from ._shm import Region, SharedFd
 from ._spec import BatchSpec
 from ._worker_loops import First, producer_for
@@ -92,11 +93,22 @@ class WorkerConfig:
         # made once for all the pool's workers, with large arrays in shared
         # memory. Descriptors inside them still reach the worker (_handoff).
         user = tuple(state.pop(n) for n in _USER_FIELDS)
-        handoff = state.pop("handoff") or handoff_for_workers(user)
+        # (Without a pool's handoff, no one would close a memfd of the
+        # pickle: it travels inline.)
+        handoff = state.pop("handoff") or handoff_for_workers(user, beside=False)
         state["_user"] = handoff.payload()
-        return state
+        if not handoff.spills:
+            return state
+        # The rest beside the start pipe too (the first batch's indices
+        # grow with batch_size): NOTE [ The pickle beside the pipe ] in
+        # fastq/_shared_arrays.py. Pickled here, while multiprocessing
+        # starts the worker, so that its descriptors reach it as they would.
+        config = reduction.ForkingPickler.dumps(state)
+        return {"_beside": handoff.beside(config, "fastq-worker-config")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "_beside" in state:
+            state = read_beside(state["_beside"])
         data, fds, descriptors = state.pop("_user")
         state["handoff"] = None
         self.__dict__.update(state)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import socket
+import threading
 from typing import Any
 
 import numpy as np
@@ -114,6 +116,62 @@ def test_a_generator_is_refused_for_a_pickling_start_method() -> None:
     source.pending = numbers()  # type: ignore[attr-defined]
     with pytest.raises(fastq.ConfigError, match="generator.*worker_init"):
         fastq.Prefetcher(source, batch_size=BATCH, workers=1, start_method="spawn")
+
+
+# ------------------------------------------------ handles
+
+
+def _handles(path: str) -> dict[str, Any]:
+    """What docs/limits.md says cannot cross into a worker that does not
+    fork, each made fresh."""
+    return {
+        "text file": lambda: open(path),
+        "binary file": lambda: open(path, "rb"),
+        "socket": socket.socket,
+        "thread lock": threading.Lock,
+    }
+
+
+@pytest.mark.parametrize("kind", list(_handles("")))
+def test_a_handle_is_refused_with_its_path_for_a_pickling_start_method(
+    kind: str, tmp_path: Any
+) -> None:
+    """A text file opened for reading is refused too: no worker gets a copy
+    of the file's contents in place of the file (as cloudpickle would give
+    it), nor a duplicate of a socket."""
+    path = tmp_path / "labels.txt"
+    path.write_text("cat\ndog\n")
+    handle = _handles(str(path))[kind]()
+    value = repr(handle)[:40]
+    source = Transformed(abs)
+    source.parts = {"labels": [0, handle]}  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(fastq.ConfigError) as err:
+            fastq.Prefetcher(source, batch_size=BATCH, workers=1, start_method="spawn")
+    finally:
+        getattr(handle, "close", lambda: None)()
+    message = str(err.value)
+    named = "an open file" if "file" in kind else f"a {kind}"
+    assert message.startswith(f"source.parts['labels'][1] is {named} (")
+    assert value in message
+    assert "in worker_init, or on first use" in message  # the fix
+    assert "'spawn'" in message
+
+
+def test_dataloader_names_the_dataset_attribute_holding_a_file(tmp_path: Any) -> None:
+    pytest.importorskip("torch")
+    from fastq.torch import DataLoader
+
+    path = tmp_path / "labels.txt"
+    path.write_text("cat\n")
+    with open(path) as handle:
+        source = Transformed(abs)
+        source.labels = handle  # type: ignore[attr-defined]
+        loader = DataLoader(
+            source, batch_size=BATCH, num_workers=1, multiprocessing_context="spawn"
+        )
+        with pytest.raises(fastq.ConfigError, match=r"^dataset\.labels is an open"):
+            next(iter(loader))
 
 
 # ------------------------------------------------ multiprocessing objects

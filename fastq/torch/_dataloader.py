@@ -76,7 +76,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     Parameters
     ----------
     slots : int, optional
-        Batches in flight; default ``prefetch_factor`` (2) per worker.
+        Batches in flight; default ``max(4, prefetch_factor * num_workers)``.
     slot_bytes : int, optional
         Bytes per slot. By default sized from the first batch, scaled to
         the largest batch the sampler's first batches ask for.

@@ -115,6 +115,8 @@ class _TorchSource:
     """What both kinds of DataLoader source do in a worker."""
 
     codec = CODEC
+    # Errors name what it holds as the user does: dataset..., collate_fn...
+    _path_transparent = True
 
     def __init__(self, dataset: Any, collate_fn: Callable[[Any], Any]) -> None:
         self.dataset = dataset
