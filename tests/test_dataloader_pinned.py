@@ -26,9 +26,9 @@ from torch_helpers.pinning import (  # noqa: E402
 )
 
 import fastq  # noqa: E402
-from fastq.torch import DataLoader, _dataloader  # noqa: E402
 from fastq._engine import DEVICE_SLOTS  # noqa: E402
 from fastq._ring import FREE, READY  # noqa: E402
+from fastq.torch import DataLoader, _dataloader  # noqa: E402
 from fastq.torch._pinned import CudaRing  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
@@ -99,7 +99,6 @@ def test_a_slot_is_not_rewritten_before_its_event_completes(
         if engine is None:
             engine = loader._engine
             bounds = ring_range(engine)
-            ring = engine._engine.pinning
             whole = np.frombuffer(engine._region.mapping, dtype=np.uint8)
         assert in_ring(rows, bounds), "pinned batches are not copied"
         want = labels.tolist()

@@ -3,7 +3,6 @@ errors for CUDA options without CUDA, the IterableDataset adapter."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import pickle

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
