@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 from helpers import alive  # noqa: E402
 from torch_helpers.pinning import (  # noqa: E402
+    FakeCuda,
     FakeEvent,
     FakeGpu,
     fake_ring,
@@ -284,4 +285,31 @@ def test_a_workers_death_is_raised_even_if_unpinning_fails(
         pytest.fail("the loop went on past a dead worker")
     assert engine.closed and not any(alive(p) for p in pids)
     del it, engine
+    loader.close()
+
+
+def test_a_ring_that_cannot_be_page_locked_is_pinned_by_copy(
+    on_fake_cuda: PinnedCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cudaHostRegister fails (a memlock limit, say) on the thread that
+    registers the ring: the loader warns, naming the fix, and goes on with
+    every batch pinned by copy as DataLoader pins them; nothing is lost."""
+    monkeypatch.setattr(
+        FakeCuda, "register", lambda self, address, nbytes: "cudaErrorMemoryAllocation"
+    )
+    loader = DataLoader(
+        Rows(), batch_size=4, num_workers=1, pin_memory=True, persistent_workers=True
+    )
+    with pytest.warns(RuntimeWarning, match=r"pin_memory=False.*pinned by copy"):
+        it = iter(loader)
+        batches = [next(it)[1].tolist()]
+        [ring] = on_fake_cuda.rings
+        wait_until(lambda: ring._mapping is None)  # the registration was tried
+    for _, labels, _ in it:
+        batches.append(labels.tolist())
+        del labels
+        on_fake_cuda.gpu.run_all()  # each batch's copy ran
+    assert batches == [list(range(4 * b, 4 * b + 4)) for b in range(10)]
+    assert not ring.registered
+    on_fake_cuda.gpu.run_all()
     loader.close()
