@@ -236,7 +236,7 @@ def test_an_error_in_the_first_sample_is_raised_by_the_constructor(
     assert isinstance(err.__cause__, ValueError)
 
 
-def test_an_error_in_the_first_sample_is_raised_at_its_turn_when_another_worker_sizes_the_ring(
+def test_a_first_sample_s_error_comes_at_its_turn_when_another_sizes_the_ring(
     started_by: dict[str, str],
 ) -> None:
     """Every worker begins at once: worker 1's first sample gives the spec,
@@ -295,7 +295,7 @@ def test_first_samples_that_never_come_are_a_fetch_timeout_naming_the_workers() 
         )
 
 
-def test_a_first_batch_that_never_comes_while_another_sizes_the_ring_times_out_at_its_turn() -> (
+def test_a_stuck_first_batch_times_out_at_its_turn_when_another_sizes_the_ring() -> (
     None
 ):
     with fastq.Prefetcher(

@@ -138,7 +138,7 @@ def test_a_death_in_a_first_sample_while_another_worker_sizes_the_ring() -> None
     constructor if it comes before worker 1's spec, else at the first
     next(), naming batch 0 (the census holds it as worker 0's)."""
     kill = signal.SIGKILL
-    with pytest.raises(fastq.WorkerDied) as info:  # noqa: PT012
+    with pytest.raises(fastq.WorkerDied) as info:
         with fastq.Prefetcher(
             SuicideDataset(20, bad=0, signum=kill),
             batch_size=4,
