@@ -147,6 +147,8 @@ class Engine:
         assert self.ring is not None and self.pool is not None
         assert self.region is not None
         if self._make_pinning is not None:
+            # Page-locked pages cannot be collapsed: pinned once settled.
+            self.region.wait_settled()
             self.pinning = self._make_pinning()
             self.pinning.attach(self.region.mapping)
         self.batches = batches
@@ -286,13 +288,16 @@ class Engine:
         return stats
 
     def pages(self) -> dict[str, Any]:
-        """What backs the ring: its kind, and the bytes of it this process
-        maps with huge pages (from /proc/self/smaps)."""
+        """What backs the ring: its kind, the bytes of it this process maps
+        with huge pages (from /proc/self/smaps), and whether its pages are
+        settled (collapsed and mapped here; until then both may still
+        change)."""
         region = self.region
         if region is None:
-            return {"kind": None, "bytes": 0, "huge_bytes": 0}
+            return {"kind": None, "bytes": 0, "huge_bytes": 0, "settled": True}
         return {
             "kind": region.pages,
             "bytes": region.size,
             "huge_bytes": region.huge_bytes(),
+            "settled": region.settled.is_set(),
         }
