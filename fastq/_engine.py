@@ -75,7 +75,7 @@ class SlotPinning(Protocol):
 
     @property
     def waiting(self) -> int: ...
-    def attach(self, mapping: Any) -> None: ...
+    def attach(self, mapping: Any, settled: Callable[[], Any]) -> None: ...
     def hold(self, whole: np.ndarray[Any, Any], lease: Any) -> None: ...
     def stats(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
@@ -163,7 +163,8 @@ class Engine:
         assert self.region is not None
         if self._make_pinning is not None:
             self.pinning = self._make_pinning()
-            self.pinning.attach(self.region.mapping)
+            # Page-locked pages cannot be collapsed: pinned once settled.
+            self.pinning.attach(self.region.mapping, self.region.wait_settled)
         self.batches = batches
         self.feed = Feed(
             self.ring,
@@ -310,13 +311,16 @@ class Engine:
         return stats
 
     def pages(self) -> dict[str, Any]:
-        """What backs the ring: its kind, and the bytes of it this process
-        maps with huge pages (from /proc/self/smaps)."""
+        """What backs the ring: its kind, the bytes of it this process maps
+        with huge pages (from /proc/self/smaps), and whether its pages are
+        settled (collapsed and mapped here; until then both may still
+        change)."""
         region = self.region
         if region is None:
-            return {"kind": None, "bytes": 0, "huge_bytes": 0}
+            return {"kind": None, "bytes": 0, "huge_bytes": 0, "settled": True}
         return {
             "kind": region.pages,
             "bytes": region.size,
             "huge_bytes": region.huge_bytes(),
+            "settled": region.settled.is_set(),
         }

@@ -1,14 +1,15 @@
-"""The batch a worker makes before the ring exists, to infer the slots'
-layout from: which task it is, the consumer's wait for its spec, and the
-claim that delivers it without making it again."""
+"""The batches workers make before the ring exists, to infer the slots'
+layout from: which tasks they are, the consumer's wait for the first spec,
+and the claims that deliver them without making them again."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from . import _report
 from ._diagnosis import batch_error
-from ._handshake import Answer, FirstItemFailed, SpecFound, WorkerInitFailed
+from ._handshake import FirstItemFailed, SpecFound, WorkerInitFailed
 from ._plan import Plan
 from ._ring import Ring
 from ._sampler import EpochSampler
@@ -18,68 +19,97 @@ from .errors import RingError
 
 # NOTE [ The kept first batch ]
 #
-# Without spec=, a map-style source's spec comes from the first batch of
-# the run (task `first`: the epoch's first, or a state's next), which
-# worker 0 makes before the ring exists, as any batch is made, and keeps
-# (fastq._map_fill.MapFill.begin_first: the spec goes to the consumer
-# after the first sample, and end_first makes the rest while the ring is
-# built); a DataLoader's engine (fastq._planned) sizes its slots from a
-# first batch the same way. Making it again in the ring would call
-# __getitem__ twice for its samples, so the task belongs to the worker
-# that made it: once the ring exists, and before any worker has it, the
-# consumer takes a slot on that worker's behalf and claims `first` with
-# it (claim_kept). The census then records the worker holding that slot
-# and task (a death names the batch, a timeout shows its stack), and the
-# worker finds the slot there and delivers the kept batch before its loop
-# (fastq._worker_loops.Producer._kept_slot).
+# Without spec=, a source's slots are laid out from the first item a worker
+# makes, and no ring exists before. So that the ring costs no worker its
+# start, every worker begins at once, as DataLoader's do: each is given a
+# first task (a map-style source's tasks `first`, `first` + 1, ...: the
+# run's first, or a state's next; a DataLoader's planned ones), makes its
+# batch before the ring exists, as any batch is made, and keeps it
+# (fastq._map_fill.MapFill.begin_first: the spec goes to the consumer after
+# the batch's first sample, and end_first makes the rest while the ring is
+# built). The first spec any worker sends sizes the ring. Making a batch
+# again in the ring would call __getitem__ twice for its samples, so each
+# task belongs to the worker that makes it: once the ring exists, and
+# before any worker has it, the consumer takes a slot on each worker's
+# behalf and claims its task with it (claim_kept), in task order. The
+# census then records the worker holding that slot and task (a death names
+# the batch, a timeout shows its stack), and the worker finds the slot
+# there and delivers the kept batch (or its error, or a SpecError if its
+# own first sample disagrees with the ring's layout) before its loop
+# (fastq._worker_loops.Producer._kept_slot). A first sample that fails
+# is kept the same way; only when every worker's fails is there no ring,
+# and the consumer raises the first task's error itself.
 #
 # Deadlock freedom (DESIGN.md section 3) holds as for any claim: the
 # lowest task holds a slot from the start, and every later one is claimed
-# after it, holding its own; the worker needs no other slot to deliver,
-# and worker 0 is never parked (workers="auto" keeps at least one).
+# after it, holding its own; a worker needs no other slot to deliver, and
+# no more tasks are given out than the ring has slots.
 
 
-def first_plan(sampler: EpochSampler, resume: Resume | None) -> Plan:
-    """The task whose batch worker 0 makes first: the first of the run, or
-    of what is left of it after a state (never the batches it skips)."""
-    task = 0
+def first_plans(
+    sampler: EpochSampler, resume: Resume | None, workers: int
+) -> list[Plan]:
+    """The tasks the workers make first, one each: from the first of the
+    run, or of what is left of it after a state (never the batches it
+    skips)."""
+    first = 0
     if resume is not None:
-        task = resume.epoch * sampler.batches_per_epoch + resume.first
-    epoch, batch = sampler.locate(task)
-    return Plan(task, epoch, batch, sampler.batch_indices(task).tolist())
+        first = resume.epoch * sampler.batches_per_epoch + resume.first
+    plans = []
+    for task in range(first, first + workers):
+        epoch, batch = sampler.locate(task)
+        plans.append(Plan(task, epoch, batch, sampler.batch_indices(task).tolist()))
+    return plans
 
 
-def receive_map_spec(pool: Any, first: Plan, timeout: float | None) -> BatchSpec:
-    """The spec worker 0 inferred from its first sample. Raises what went
-    wrong before it: the source's exception as at that batch's turn
-    (naming the batch and sample), worker_init's, a death or a timeout."""
-    answer: Answer = pool.receive_first(0, timeout)
-    if isinstance(answer, SpecFound):
-        spec: BatchSpec = answer.spec
-        return spec
-    if isinstance(answer, FirstItemFailed):
-        raise batch_error(
-            _report.decode(answer.report),
-            worker=0,
-            pid=pool.pids[0],
-            task=first.task,
-            position=answer.position,
-            indices=first.indices,
-        )
-    assert isinstance(answer, WorkerInitFailed)  # a map-style stream never ends
-    raise _report.decode(answer.report).error(  # worker_init failed
-        worker=0, pid=pool.pids[0], where="its first batch, in worker_init"
-    )
+def receive_map_spec(pool: Any, plans: list[Plan], timeout: float | None) -> BatchSpec:
+    """The spec the first worker to make a first sample inferred (worker w
+    makes ``plans[w]``). Raises what went wrong before any did: the first
+    task's exception as at that batch's turn (naming the batch and sample)
+    once every worker's first sample failed, worker_init's, a death or a
+    timeout."""
+    waiting = list(range(len(plans)))
+    failed: dict[int, FirstItemFailed] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        worker, answer = pool.receive_any(waiting, timeout, deadline=deadline)
+        if isinstance(answer, SpecFound):
+            spec: BatchSpec = answer.spec
+            return spec
+        if isinstance(answer, WorkerInitFailed):
+            raise _report.decode(answer.report).error(  # worker_init failed
+                worker=worker,
+                pid=pool.pids[worker],
+                where="its first batch, in worker_init",
+            )
+        assert isinstance(answer, FirstItemFailed)  # a map-style stream never ends
+        failed[worker] = answer
+        waiting.remove(worker)
+        if not waiting:
+            first = plans[0]
+            raise batch_error(
+                _report.decode(failed[0].report),
+                worker=0,
+                pid=pool.pids[0],
+                task=first.task,
+                position=failed[0].position,
+                indices=first.indices,
+            )
 
 
-def claim_kept(ring: Ring, worker: int, task: int) -> None:
-    """Claims `task` with a slot for `worker`, which made its batch before
-    the ring existed; before any worker has the ring."""
-    ring.skip_tasks_to(task)
-    slot = ring.pop_free(worker, 0.0)
-    claimed = ring.claim_task(slot) if slot >= 0 else -1
-    if claimed != task:
-        raise RingError(
-            f"the new ring gave worker {worker} slot {slot} and task {claimed} "
-            f"for the batch it made before the ring existed, task {task}"
-        )
+def claim_kept(ring: Ring, kept: list[tuple[int, int]]) -> None:
+    """Claims each (worker, task) of ``kept`` (consecutive tasks, in order)
+    with a slot for its worker, which made its batch before the ring
+    existed; before any worker has the ring."""
+    if not kept:
+        return
+    ring.skip_tasks_to(kept[0][1])
+    for worker, task in kept:
+        slot = ring.pop_free(worker, 0.0)
+        claimed = ring.claim_task(slot) if slot >= 0 else -1
+        if claimed != task:
+            raise RingError(
+                f"the new ring gave worker {worker} slot {slot} and task "
+                f"{claimed} for the batch it made before the ring existed, "
+                f"task {task}"
+            )

@@ -36,18 +36,30 @@ from .errors import RingError
 #     ProbeStream       make an iterable's next item (fresh: from a new
 #                       iterator, its first)
 #     RingReady         the ring exists; the region's descriptor follows
-#                       on the socket, and the hand-shake ends
+#                       on the socket, and the hand-shake ends. It names
+#                       the tasks claimed for the workers that made them
+#                       (`kept`): a worker delivers its first batch only if
+#                       its task is there (the consumer raised the others)
 #
-# Worker 0 attempts at once (a map-style or planned source's worker 0, the
-# task it is given); every other attempt answers a probe, so exactly one
-# answer is due per attempt and the consumer always knows whose. A channel
+# Every worker given a task attempts at once (a map-style or planned
+# source's first tasks, one per worker, as DataLoader's workers all begin
+# at once), and an iterable's worker 0; every other attempt answers a
+# probe, so exactly one answer is due per attempt and the consumer always
+# knows whose. The first spec any worker finds sizes the ring; a worker
+# still making its first item then answers into a channel nobody reads
+# any more, which its socket's buffer holds (an answer is small: a
+# report's bound, REPORT_LIMIT, is below a socket's buffer). A worker whose
+# worker_init failed answers that in place of every attempt, and waits for
+# the ring like the others, to report it in its kept slot. A channel
 # that closes (the consumer closed, or the worker died) ends the hand-shake
 # on either side: the worker leaves, the consumer reads the death from the
 # worker's sentinel. Every message is pickled: reports are bytes bounded by
 # REPORT_LIMIT, specs and plans are small.
 
-# Bound of an error report sent before the ring (and its slots) exists.
-REPORT_LIMIT = 1 << 20
+# Bound of an error report sent before the ring (and its slots) exists:
+# below a Unix socket's send buffer (about 200 KiB on Linux), so that a late
+# answer, never read, cannot block its worker.
+REPORT_LIMIT = 48 * 1024
 
 
 class _Message:
@@ -124,13 +136,15 @@ class ProbeStream(_Message):
 
 @dataclass(frozen=True)
 class RingReady(_Message):
-    """The ring exists: its region's size, the batch spec, and a planned
-    source's plan table; the region's descriptor follows."""
+    """The ring exists: its region's size, the batch spec, a planned
+    source's plan table, and the tasks claimed for the workers that made
+    them before it; the region's descriptor follows."""
 
-    __slots__ = ("layout", "size", "spec")
+    __slots__ = ("kept", "layout", "size", "spec")
     size: int
     spec: Any  # a BatchSpec, or a PackedSpec
     layout: PlanLayout | None
+    kept: tuple[int, ...]
 
 
 Probe = Union[ProbeTask, ProbeStream]
@@ -162,11 +176,11 @@ class WorkerEnd:
         attempt: Callable[[Plan | None, bool], None],
     ) -> tuple[RingReady, int, Plan | None] | None:
         """Attempts first items until the ring arrives: at once if
-        ``fresh`` (worker 0) or given a ``plan`` (a planned task), then at
-        each probe. ``attempt(plan, fresh)`` makes one (a planned task's,
+        ``fresh`` (an iterable's worker 0) or given a ``plan`` (a task),
+        then at each probe. ``attempt(plan, fresh)`` makes one (a task's,
         or an iterable's next item, from a new iterator if fresh) and
         answers through this end. A worker whose worker_init failed
-        answers that instead of its first attempt, and leaves. Returns the
+        answers that instead of every attempt. Returns the
         ring's message, its region's descriptor and the plan of the last
         attempt (the task whose batch the worker keeps, if it made one);
         None if the hand-shake ended without a ring. Closes the channel."""
@@ -178,8 +192,8 @@ class WorkerEnd:
                     if init_error is not None:
                         report = _report.encode(init_error, REPORT_LIMIT)
                         conn.send(WorkerInitFailed(report))
-                        return None
-                    attempt(plan, fresh)
+                    else:
+                        attempt(plan, fresh)
                 order = conn.recv()
                 if isinstance(order, ProbeTask):
                     plan, fresh = order.plan, False

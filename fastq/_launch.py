@@ -1,6 +1,6 @@
 """How a Prefetcher's engine starts: the ring first and the workers over it
-when the spec is known, else the workers first, worker 0's first item for
-the spec, then the ring (NOTE [ The kept first batch ] in
+when the spec is known, else the workers first, the first item any of them
+makes for the spec, then the ring (NOTE [ The kept first batch ] in
 fastq/_first_batch.py); the feed at the point a state resumes from."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any, Callable
 from ._arguments import Settings
 from ._autotune import AUTO_START
 from ._engine import Engine, PlainBatches, SlotPinning, in_main_thread
-from ._first_batch import claim_kept, first_plan, receive_map_spec
+from ._first_batch import claim_kept, first_plans, receive_map_spec
+from ._plan import Plan
 from ._ring import BatchViews, Ring
 from ._spec import BatchSpec
 from ._state import Resume, StreamResume
@@ -113,31 +114,45 @@ def _start(
         share, size = engine.region.share(), engine.region.size
         engine.start_workers(s.ctx, [config(w, share, size) for w in range(s.workers)])
         return spec
-    # No spec=: worker 0 infers it from its first item (a map-style
-    # source's: its first batch); the ring is made once it is known.
-    first = None
+    # No spec=: a map-style source's workers all begin their first batch
+    # at once, and the first spec found sizes the ring (NOTE [ The kept
+    # first batch ] in fastq/_first_batch.py); an iterable's worker 0
+    # infers it from its first item.
+    plans: list[Plan] = []
     if s.is_map:
         assert s.sampler is not None
-        first = first_plan(s.sampler, resume)
+        # A fill_batch reads one sample apart to lay out its arrays: once
+        # per run, by one worker.
+        starting = min(s.workers, _ring_slots(s))
+        if getattr(s.source, "fill_batch", None) is not None:
+            starting = 1
+        plans = first_plans(s.sampler, resume, starting)
     configs = [config(w, None, 0) for w in range(s.workers)]
-    configs[0].first_plan = first
+    for cfg, plan in zip(configs, plans):
+        cfg.first_plan = plan
     pool = engine.start_workers(s.ctx, configs)
-    if first is not None:
-        spec = receive_map_spec(pool, first, s.timeout)
+    if plans:
+        spec = receive_map_spec(pool, plans, s.timeout)
     else:
         spec = pool.receive_spec(s.timeout, "sample" if s.stream_rows else "batch")
     ring = _build_ring(engine, s, spec)
     assert engine.region is not None
-    if first is not None:
-        claim_kept(ring, 0, first.task)
+    kept = [(w, plan.task) for w, plan in enumerate(plans)]
+    claim_kept(ring, kept)
     if s.auto:  # before any worker can take a slot
         ring.set_active(AUTO_START)
-    pool.send_region(engine.region, engine.region.size, spec, ring)
+    pool.send_region(
+        engine.region, engine.region.size, spec, ring, kept=[t for _, t in kept]
+    )
     return spec
+
+
+def _ring_slots(s: Settings) -> int:
+    # One slot more than asked for: the batch a `for` loop's body still
+    # holds while the next one is fetched must not starve the workers.
+    return s.slots + 1
 
 
 def _build_ring(engine: Engine, s: Settings, spec: BatchSpec) -> Ring:
     slot_bytes = max(spec.slot_bytes, MIN_SLOT_BYTES)
-    # One slot more than asked for: the batch a `for` loop's body still
-    # holds while the next one is fetched must not starve the workers.
-    return engine.build_ring(engine.ring_slots(s.slots + 1), s.workers, slot_bytes)
+    return engine.build_ring(engine.ring_slots(_ring_slots(s)), s.workers, slot_bytes)

@@ -20,16 +20,18 @@ from .errors import SpecError
 @dataclass
 class FirstBatch:
     """A task's batch made before the ring existed (no ``spec=``): its
-    bytes laid out as in a slot, which go into the slot claimed for the
-    task once the ring exists, or the error that ended it after the spec
-    was known (published in that slot instead, naming row ``row``)."""
+    bytes laid out as in a slot by ``spec`` (the one its own first sample
+    gave), which go into the slot claimed for the task once the ring
+    exists, or the error that ended it (published in that slot instead,
+    naming row ``row``)."""
 
     task: int
-    data: np.ndarray[Any, Any]
+    data: np.ndarray[Any, Any] | None
     rows: int
     busy_ns: int
     error: Exception | None
     row: int
+    spec: BatchSpec | None
 
 
 class MapFill:
@@ -168,7 +170,7 @@ class MapFill:
         except Exception as exc:
             error = exc
         busy = time.perf_counter_ns() - self._first_t0
-        return FirstBatch(task, data, n, busy, error, self.failed_row)
+        return FirstBatch(task, data, n, busy, error, self.failed_row, spec)
 
     def _getitems(self, indices: np.ndarray[Any, Any]) -> Any:
         assert self.getitems is not None

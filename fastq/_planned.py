@@ -52,8 +52,9 @@ class PlannedLoader:
     one epoch of ``batches`` (an iterator of index lists from the sampler,
     given to ``begin_epoch``), or one pass over an iterable source.
 
-    Slots are sized from worker 0's first batch (task 0 of the first epoch,
-    never made in this process), scaled to ``max_rows`` indices, unless
+    Slots are sized from the first batch a worker makes (every worker
+    begins one at once; never made in this process), scaled to
+    ``max_rows`` indices, unless
     ``slot_bytes`` is given. ``convert`` converts each batch (pins it);
     ``pinning`` page-locks the ring once it exists, so that its batches are
     pinned as they are.
@@ -89,6 +90,7 @@ class PlannedLoader:
         self.timeout = timeout
         self.workers = workers
         self.slots = slots
+        self._ring_slots = self._engine.ring_slots(slots + 1)
         self._entries = max(2 * (slots + 1), 8)
         self._max_bytes = slot_bytes
         self._live = 0  # the current loop's token until the Feed exists
@@ -97,7 +99,7 @@ class PlannedLoader:
         # as DataLoader's in_order gives them (fastq/_turns.py).
         self._turns = first is None and ordered and workers > 1
         self._planner: Planner | None = None
-        first_plan = None
+        round_: list[Plan] = []
         if first is not None:
             self._planner = Planner(
                 first,
@@ -109,7 +111,13 @@ class PlannedLoader:
                 fail=self._engine.fail,
             )
             max_rows = self._planner.max_rows
-            first_plan = self._planner.next_plan()
+            # Every worker begins at once (NOTE [ The kept first batch ] in
+            # fastq/_first_batch.py), with no more tasks than slots.
+            for _ in range(min(workers, self._ring_slots)):
+                plan = self._planner.next_plan()
+                if plan is None:
+                    break
+                round_.append(plan)
         self.max_rows = max_rows
         self._first_epoch_pending = first is not None
         configs = [
@@ -129,7 +137,7 @@ class PlannedLoader:
                 consumer_pid=self._pid,
                 threads=worker_threads,
                 death_signal=in_main_thread(),
-                first_plan=first_plan if w == 0 else None,
+                first_plan=round_[w] if w < len(round_) else None,
                 max_rows=max_rows,
                 packed=True,
                 turns=self._turns,
@@ -144,7 +152,7 @@ class PlannedLoader:
                 workers=workers,
                 timeout=timeout,
                 found=self._build_ring,
-                first_plan=first_plan,
+                round=round_,
             )
             self._prober.answer()
         except BaseException:
@@ -162,16 +170,18 @@ class PlannedLoader:
         the DataLoader starts a new one for the next."""
         return self._engine.feed is None
 
-    def _build_ring(self, spec: PackedSpec, held: Plan | None, worker: int) -> None:
-        """The ring, once ``worker`` made a batch (of task ``held``, for a
-        planned source: the task is claimed for that worker, which delivers
-        the batch it keeps)."""
+    def _build_ring(
+        self, spec: PackedSpec, kept: list[tuple[int, Plan]], worker: int
+    ) -> None:
+        """The ring, once ``worker`` made a batch; for a planned source, each
+        (worker, task) of ``kept`` is claimed for that worker, which
+        delivers the batch (or error) it keeps."""
         engine = self._engine
         assert engine.pool is not None
         if self._max_bytes is not None:
             spec = PackedSpec(self._max_bytes)
         workers = self.workers
-        ring_slots = engine.ring_slots(self.slots + 1)
+        ring_slots = self._ring_slots
         layout = None
         if self._planner is not None:
             ring_bytes = region_size(ring_slots, workers, spec.slot_bytes, PAGE_SIZE)
@@ -185,12 +195,12 @@ class PlannedLoader:
         assert engine.region is not None
         planner = self._planner
         if planner is not None:
-            assert held is not None and layout is not None
-            # Claims start at the held task, claimed here for the worker
-            # that made it (NOTE [ The kept first batch ] in
+            assert kept and layout is not None
+            # Claims start at the kept tasks, claimed here for the workers
+            # that made them (NOTE [ The kept first batch ] in
             # fastq/_first_batch.py), and planned in the table too.
-            planner.attach(ring, engine.region.mapping, layout, held)
-            claim_kept(ring, worker, held.task)
+            planner.attach(ring, engine.region.mapping, layout, [p for _, p in kept])
+            claim_kept(ring, [(w, p.task) for w, p in kept])
         feed = engine.open_feed(
             spec,
             None,
@@ -205,10 +215,16 @@ class PlannedLoader:
         if self._turns:
             feed.turns = Turns(ring, feed.consumer, self._prober.turns_used)
         if planner is not None:
-            assert held is not None
-            feed.consumer.next_task = held.task
+            feed.consumer.next_task = kept[0][1].task
             self._fill()
-        engine.pool.send_region(engine.region, engine.region.size, spec, ring, layout)
+        engine.pool.send_region(
+            engine.region,
+            engine.region.size,
+            spec,
+            ring,
+            layout,
+            kept=[p.task for _, p in kept],
+        )
 
     def _handed(self) -> int:
         """Batches (and errors) handed out so far, over every epoch."""

@@ -96,14 +96,18 @@ class Planner:
 
     # ---------------------------------------------------- once the ring exists
 
-    def attach(self, ring: Ring, mapping: Any, layout: PlanLayout, held: Plan) -> None:
+    def attach(
+        self, ring: Ring, mapping: Any, layout: PlanLayout, held: list[Plan]
+    ) -> None:
         """The plan table in the ring's region. Tasks before ``held`` were
         planned (and failed) through the workers' sockets; the table starts
-        at the held one, whose batch a worker made already."""
+        at the held ones (consecutive), whose batches workers made
+        already."""
         self._ring = ring
         self.table = PlanTable(ring, mapping, layout)
-        self.table.write(held.task, held.epoch, held.batch, held.indices)
-        ring.set_planned(held.task + 1)
+        for plan in held:
+            self.table.write(plan.task, plan.epoch, plan.batch, plan.indices)
+        ring.set_planned(held[-1].task + 1)
 
     def fill(self, next_task: int) -> None:
         """Plans the epoch's next batches, as far as the table allows, the

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -239,8 +239,9 @@ class WorkerPool:
     they have the ring, and a death alerts the consumer.
 
     With a ring, workers attach to it at once. Without one (a source whose
-    spec is not given), worker 0 makes its first batch and sends its spec
-    (``receive_spec``, ``receive_first``); the consumer then makes the ring
+    spec is not given), every worker given a task makes its first batch,
+    and the first spec found (``receive_any``; an iterable's: ``receive_spec``)
+    sizes it; the consumer then makes the ring
     and sends every worker its descriptor (``send_region``): NOTE [ The
     hand-shake before the ring ] in fastq/_handshake.py.
     """
@@ -351,27 +352,45 @@ class WorkerPool:
         """What a worker answered about its first item (fastq._handshake).
         Raises its death, or a timeout (``timeout`` from now, or at
         ``deadline``)."""
-        conn = self._channels[worker]
+        return self.receive_any([worker], timeout, item, deadline)[1]
+
+    def receive_any(
+        self,
+        workers: Sequence[int],
+        timeout: float | None,
+        item: str = "batch",
+        deadline: float | None = None,
+    ) -> tuple[int, Answer]:
+        """The first answer any of ``workers`` gives about its first item,
+        and whose. Raises any worker's death, or a timeout (``timeout``
+        from now, or at ``deadline``)."""
+        conns = {self._channels[w]: w for w in workers}
         sentinels = {p.sentinel: w for w, p in enumerate(self.processes)}
         if deadline is None and timeout is not None:
             deadline = time.monotonic() + timeout
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
+                who = ", ".join(str(w) for w in workers)
+                who = f"worker{'s' if len(workers) > 1 else ''} {who}"
                 raise FetchTimeout(
-                    f"worker {worker} made no first {item} within timeout="
+                    f"{who} made no first {item} within timeout="
                     f"{timeout} s, so slots could not be sized; raise timeout= "
                     "or pass spec={name: (shape, dtype)} (a sample's shape in a "
                     "stream of samples, a batch's otherwise)",
-                    worker=worker,
+                    worker=workers[0],
                 )
-            ready = wait([conn, *sentinels], None if left is None else min(left, 1.0))
-            if conn in ready:
-                try:
-                    return receive_answer(conn)
-                except EOFError:
-                    # The worker is gone: its sentinel says how, within a moment.
-                    ready = wait(list(sentinels), 1.0) or list(sentinels)[:1]
+            ready = wait([*conns, *sentinels], None if left is None else min(left, 1.0))
+            for obj in ready:
+                if obj in conns:
+                    w = conns[obj]
+                    try:
+                        return w, receive_answer(self._channels[w])
+                    except EOFError:
+                        # The worker is gone: its sentinel says how, within a
+                        # moment.
+                        ready = wait(list(sentinels), 1.0) or list(sentinels)[:1]
+                        break
             for s in ready:
                 if s in sentinels:
                     self.failure = self._deaths.diagnose(sentinels[s])
@@ -397,10 +416,12 @@ class WorkerPool:
         spec: Any,
         ring: Ring,
         plan: PlanLayout | None = None,
+        kept: Sequence[int] = (),
     ) -> None:
         """Hands every worker the ring (its descriptor over the worker's
-        socket, as multiprocessing passes descriptors) and starts watching."""
-        ready = RingReady(size, spec, plan)
+        socket, as multiprocessing passes descriptors) and starts watching;
+        ``kept``: the tasks claimed for the workers that made them."""
+        ready = RingReady(size, spec, plan, tuple(kept))
         for conn, p in zip(self._channels, self.processes):
             hand_over(conn, p.pid, region.fd, ready)
         self._watch_ring(ring)

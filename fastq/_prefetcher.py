@@ -465,8 +465,10 @@ class Prefetcher:
             time the consumer spent waiting), ``mean_ready`` (batches ready
             when one was taken), ``slots``, ``pages`` (what backs the ring:
             ``kind`` "hugetlb", "transparent huge pages" or "base pages",
-            its ``bytes``, and the ``huge_bytes`` this process maps with huge
-            pages), ``workers``: a list of dicts with ``pid``, ``batches``,
+            its ``bytes``, the ``huge_bytes`` this process maps with huge
+            pages, and ``settled``: False while a thread still makes the
+            pages huge and maps them, after the ring is handed over),
+            ``workers``: a list of dicts with ``pid``, ``batches``,
             ``busy_s``, ``wait_s`` and ``task``, and ``autotune`` (None
             unless ``workers="auto"``): ``workers`` running, ``pool``
             started, ``why``, and ``decisions``, each with ``at_s``,

@@ -15,6 +15,20 @@ systems. Every process maps a large region at an address aligned to a huge
 page (`AlignedMapping`), which the kernel needs to map a huge page whole.
 Nothing is an error where a feature is missing: ordinary pages then. The
 region says which it got (``Region.pages``, in ``Prefetcher.stats()``).
+
+NOTE [ The ring is handed over before it is settled ]
+
+A region's memory is reserved before it is handed over: every page of the
+file is allocated (fallocate; hugetlb pages at mmap), so a shortage is a
+SharedMemoryError naming the bytes needed and available, and no writer
+ever dies of SIGBUS. What is not needed for that is left for later: making
+the pages huge (MADV_COLLAPSE) and mapping them into the page tables
+(MADV_POPULATE_WRITE) cost a large ring a second or more on a busy machine,
+longer than a batch. A thread does both, in steps of `_SETTLE_STEP`, after
+the ring is handed over (`Region.settled` is set when it is done); until
+then a process touching a page first faults it in. Each worker maps the
+region without populating it and settles its own mapping the same way, on
+a thread of its own, so that its mapping is huge where the file is.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ import mmap
 import os
 import sys
 import tempfile
+import threading
 from multiprocessing import reduction
 from typing import Any
 
@@ -48,6 +63,14 @@ _HUGE_PAGES = os.environ.get("FASTQ_HUGE_PAGES", "1") != "0"
 PAGES_HUGETLB = "hugetlb"
 PAGES_THP = "transparent huge pages"
 PAGES_BASE = "base pages"
+# A settling thread collapses and populates this much at a time, so that a
+# closed region stops it soon.
+_SETTLE_STEP = 64 << 20
+# A worker settles its mapping again while part of it is still in base
+# pages (the creator has not collapsed them yet): this many times, this
+# many seconds apart.
+_RESETTLE_TRIES = 5
+_RESETTLE_WAIT_S = 0.5
 
 
 def huge_page_size() -> int:
@@ -189,14 +212,65 @@ class Region:
         self.pages = pages
         self._pid = os.getpid()
         self._huge_bytes: int | None = None
+        # Set once its pages are collapsed and mapped here (NOTE [ The
+        # ring is handed over before it is settled ]).
+        self.settled = threading.Event()
+        self.settled.set()
+        self._closing = threading.Event()
 
     def huge_bytes(self) -> int:
-        """Bytes of it this process maps with huge pages. Read once: every
-        page is mapped when the region is, and /proc/self/smaps costs
-        milliseconds in a large process."""
+        """Bytes of it this process maps with huge pages. Read once settled
+        (/proc/self/smaps costs milliseconds in a large process), afresh
+        until then."""
+        if not self.settled.is_set():
+            return huge_bytes_mapped(self.mapping)
         if self._huge_bytes is None:
             self._huge_bytes = huge_bytes_mapped(self.mapping)
         return self._huge_bytes
+
+    def wait_settled(self, timeout: float | None = None) -> bool:
+        """Waits until the region's pages are collapsed and mapped here;
+        False if `timeout` passed first."""
+        return self.settled.wait(timeout)
+
+    def _settle(self, collapse: bool, until_huge: bool = False) -> Region:
+        """Collapses (with `collapse`) and populates the mapping on a
+        thread; with `until_huge`, again while part of it maps in base
+        pages and part in huge ones (a worker's mapping, before the
+        creator's collapse has reached it)."""
+        if not isinstance(self.mapping, AlignedMapping):
+            return self
+        self.settled.clear()
+        thread = threading.Thread(
+            target=self._settle_pages,
+            args=(collapse, until_huge),
+            name="fastq-settle",
+            daemon=True,
+        )
+        thread.start()
+        return self
+
+    def _settle_pages(self, collapse: bool, until_huge: bool) -> None:
+        try:
+            for attempt in range(_RESETTLE_TRIES if until_huge else 1):
+                if attempt and self._closing.wait(_RESETTLE_WAIT_S):
+                    return
+                for start in range(0, self.size, _SETTLE_STEP):
+                    if self._closing.is_set():
+                        return
+                    length = min(_SETTLE_STEP, self.size - start)
+                    if collapse:
+                        with contextlib.suppress(OSError):
+                            self.mapping.madvise(_MADV_COLLAPSE, start, length)
+                    with contextlib.suppress(OSError):  # before Linux 5.14: on use
+                        self.mapping.madvise(_MADV_POPULATE_WRITE, start, length)
+                huge = huge_bytes_mapped(self.mapping)
+                if collapse and self.pages == PAGES_THP and not huge:
+                    self.pages = PAGES_BASE  # the kernel could collapse none
+                if not collapse or huge in (0, self.size):
+                    break
+        finally:
+            self.settled.set()
 
     @classmethod
     def create(
@@ -239,14 +313,14 @@ class Region:
             return None
         try:
             os.ftruncate(fd, size)
-            mapping = _map(fd, size)
+            mapping = _map(fd, size, populate=False)
         except (OSError, ValueError):
             os.close(fd)
             return None
         except BaseException:
             os.close(fd)
             raise
-        return cls(fd, size, mapping, PAGES_HUGETLB)
+        return cls(fd, size, mapping, PAGES_HUGETLB)._settle(collapse=False)
 
     @classmethod
     def _create_advised(cls, size: int, name: str) -> Region:
@@ -277,66 +351,67 @@ class Region:
 
     @classmethod
     def _create_collapsed(cls, size: int, name: str) -> Region:
-        """In ordinary pages, then made huge where the kernel can
-        (MADV_COLLAPSE works whatever shmem_enabled says, but deny): the
-        file's pages become huge pages, which every aligned mapping of it
-        then maps whole. A kernel without it, or no free huge page (memory
-        too fragmented), leaves ordinary pages, or some of each."""
+        """In ordinary pages, reserved at once, then made huge where the
+        kernel can, after the region is handed over (MADV_COLLAPSE works
+        whatever shmem_enabled says, but deny): the file's pages become
+        huge pages, which every aligned mapping of it then maps whole. A
+        kernel without it, or no free huge page (memory too fragmented),
+        leaves ordinary pages, or some of each; `pages` says base pages
+        once settled if none could be made huge."""
         fd = sized_memfd(name, size)
         try:
-            mapping = _map(fd, size, populate=False)
-            with contextlib.suppress(OSError):
-                # One page in each huge page's range, then the collapse
-                # makes each range one zeroed huge page: no base page is
-                # allocated, copied and freed on the way.
-                for offset in range(0, size, huge_page_size()):
-                    os.posix_fallocate(fd, offset, PAGE_SIZE)
-                mapping.madvise(_MADV_COLLAPSE)
-            # Whatever could not be made huge is reserved as base pages.
             _reserve(fd, size, name)
-            with contextlib.suppress(OSError):  # before Linux 5.14: on use
-                mapping.madvise(_MADV_POPULATE_WRITE)
+            mapping = _map(fd, size, populate=False)
         except BaseException:
             os.close(fd)
             raise
-        region = cls(fd, size, mapping)
-        if region.huge_bytes():
-            region.pages = PAGES_THP
-        return region
+        return cls(fd, size, mapping, PAGES_THP)._settle(collapse=True, until_huge=True)
 
     @classmethod
     def _create_base(cls, size: int, name: str) -> Region:
         fd = sized_memfd(name, size)
         try:
             _reserve(fd, size, name)
-            mapping = _map(fd, size)
+            mapping = _map(fd, size, populate=not _settles(size))
         except BaseException:
             os.close(fd)
             raise
-        return cls(fd, size, mapping)
+        return cls(fd, size, mapping)._settle(collapse=False)
 
     @classmethod
     def attach(cls, shared: SharedFd, size: int) -> Region:
         """Maps a region created in another process (in a worker). Its
-        pages exist already, huge where the creator got huge pages; an
-        aligned mapping maps those whole here too."""
+        pages are reserved, huge where the creator made them huge; an
+        aligned mapping maps those whole here too, settled on a thread
+        (NOTE [ The ring is handed over before it is settled ])."""
         fd = shared.fd
         try:
-            mapping = _map(fd, size)
+            mapping = _map(fd, size, populate=not _settles(size))
         finally:
             # The mapping keeps the memory; the descriptor is not needed.
             os.close(fd)
-        return cls(-1, size, mapping)
+        collapse = _HUGE_PAGES and shmem_thp_mode() != "deny"
+        return cls(-1, size, mapping)._settle(collapse, until_huge=collapse)
 
     def share(self) -> SharedFd:
         return SharedFd(self.fd)
 
     def close(self) -> None:
-        """Closes the descriptor. The mapping lives on while anything still
-        references it (batches handed out), and goes with its last user."""
+        """Stops settling (within one step) and closes the descriptor. The
+        mapping lives on while anything still references it (batches
+        handed out), and goes with its last user."""
+        self._closing.set()
+        self.settled.wait()
         if self.fd >= 0 and os.getpid() == self._pid:
             os.close(self.fd)
         self.fd = -1
+
+
+def _settles(size: int) -> bool:
+    """Whether a region of `size` bytes is mapped as AlignedMapping, and so
+    populated by a settling thread rather than at mmap."""
+    step = huge_page_size()
+    return sys.platform == "linux" and size >= step and size % step == 0
 
 
 def _map(fd: int, size: int, populate: bool = True) -> Any:

@@ -211,6 +211,14 @@ class BatchSpec:
         sources) and their first dimension is the rows."""
         return cls(*user_fields(spec, rows))
 
+    def same_layout(self, other: BatchSpec) -> bool:
+        """Whether a batch laid out by ``other`` is one laid out by this."""
+        return (
+            self.structure == other.structure
+            and self.fields == other.fields
+            and self.rows == other.rows
+        )
+
     # ----------------------------------------------------------- structure
 
     def flatten(self, item: Any, what: str) -> Sequence[Any]:

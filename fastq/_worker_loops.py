@@ -22,8 +22,8 @@ from ._rows import RowWriter, copy_rows
 from ._streams import ShuffleBuffer
 from ._turns import take_turn
 from ._worker_info import WorkerInfo
-from ._worker_setup import NOTHING, open_stream, seed_batch
-from .errors import RingError
+from ._worker_setup import NOTHING, KeptError, open_stream, seed_batch
+from .errors import RingError, SpecError
 
 if TYPE_CHECKING:
     from ._worker import WorkerConfig
@@ -88,8 +88,13 @@ class Producer:
 
     def report_and_stop(self, exc: BaseException) -> None:
         """Reports a failure outside any batch (worker_init) in place of one
-        batch, then idles until the consumer closes the ring."""
-        slot, _, _ = self._take_slot()
+        batch (the task claimed for it before the ring, if any), then idles
+        until the consumer closes the ring."""
+        kept = self.cfg.first_plan
+        if kept is not None and not isinstance(self, _Stream):
+            slot = self._kept_slot(kept.task)
+        else:
+            slot, _, _ = self._take_slot()
         if slot < 0:
             return
         self._report(slot, exc, UNKNOWN_SAMPLE, self.ring.pass_)  # at no sample
@@ -110,6 +115,10 @@ class Producer:
             f"no slot holds batch {task} for worker {self.wid}, which made it "
             "before the ring existed"
         )
+
+
+def _layout(spec: Any) -> str:
+    return ", ".join(f"{f.name}: {f.describe()}" for f in spec.fields)
 
 
 def _slot_bytes(ring: Ring) -> list[np.ndarray[Any, Any]]:
@@ -183,10 +192,21 @@ class MapBatches(Producer):
         ring closed."""
         ring = self.ring
         slot = self._kept_slot(kept.task)
-        if kept.error is not None:
-            row = kept.row
-            self._report(slot, kept.error, UNKNOWN_SAMPLE if row < 0 else row)
+        error = kept.error
+        if error is None and not (kept.spec and kept.spec.same_layout(self.spec)):
+            # The ring is laid out by another worker's first sample.
+            error = SpecError(
+                f"batch {kept.task}'s first sample gave the layout "
+                f"{_layout(kept.spec)}, but the batches' layout (from the "
+                f"first sample any worker made) is {_layout(self.spec)}; "
+                "samples must agree in shape and dtype (pass spec= for "
+                "the largest, with jagged fields where they vary)"
+            )
+        if error is not None:
+            row = kept.row if kept.error is not None else 0
+            self._report(slot, error, UNKNOWN_SAMPLE if row < 0 else row)
             return True
+        assert kept.data is not None
         t0 = time.perf_counter_ns()
         self.slots[slot][: kept.data.nbytes] = kept.data
         ring.batch_done(self.wid, kept.busy_ns + time.perf_counter_ns() - t0, 0)
@@ -248,6 +268,11 @@ class PlannedBatches(Producer):
                 continue
             t0 = time.perf_counter_ns()
             source.position = -1
+            if isinstance(keep, KeptError):  # its first batch failed
+                failed, keep = keep, NOTHING
+                pos = failed.position
+                self._report(slot, failed.error, UNKNOWN_SAMPLE if pos < 0 else pos)
+                continue
             try:
                 arena = source.arena = Arena(slots[slot])
                 if keep is not NOTHING:

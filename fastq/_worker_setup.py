@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ._handshake import WorkerEnd
-from ._map_fill import MapFill
+from ._map_fill import FirstBatch, MapFill
 from ._packing import PackedSpec, measure
 from ._plan import Plan
 from ._seeding import mix_seed, seed_python_and_numpy
@@ -89,7 +89,10 @@ def await_ring(
     ready, fd, plan = given
     cfg.region, cfg.region_size = SharedFd(fd), ready.size
     cfg.spec, cfg.plan = ready.spec, ready.layout
-    cfg.first_plan = plan  # the task whose batch is kept, if one was made
+    if plan is not None and plan.task not in ready.kept:
+        # The consumer raised this task's error itself, before the ring.
+        plan, first.item = None, NOTHING
+    cfg.first_plan = plan  # the task whose batch (or error) is kept, if any
     return first.it, first.item
 
 
@@ -114,9 +117,10 @@ class _FirstItems:
         if plan is not None and not cfg.packed:
             self.item = self._map_batch(plan)
             return
+        if plan is not None:
+            self.info._start_task(plan.epoch, plan.task)
         try:
             if plan is not None:
-                self.info._start_task(plan.epoch, plan.task)
                 seed_batch(cfg, plan)
                 item = cfg.source.make(plan.indices)
                 scale = cfg.max_rows / max(1, len(plan.indices))
@@ -139,6 +143,8 @@ class _FirstItems:
             self.end.failed(exc, position)
             if plan is None:
                 cfg.first_turn += 1  # raised in its turn before the ring
+            else:  # reported in its slot, if another worker's spec sizes the ring
+                self.item = KeptError(exc, position)
             return
         self.end.found(spec)
         self.item = item
@@ -148,7 +154,7 @@ class _FirstItems:
         sample, goes to the consumer at once (it builds the ring while the
         rest is made); the batch, or the error that ended it after that,
         waits for its slot. Returns the FirstBatch, or NOTHING if the spec
-        could not be had (the consumer raises that error)."""
+        could not be had: the error, kept with the task."""
         cfg = self.cfg
         assert cfg.sampler is not None
         maker = MapFill(
@@ -157,10 +163,23 @@ class _FirstItems:
         try:
             spec = maker.begin_first(plan.task)
         except Exception as exc:
-            self.end.failed(exc, maker.failed_row)
-            return NOTHING
+            # Reported in its slot if another worker's spec sizes the ring.
+            row = maker.failed_row
+            self.end.failed(exc, row)
+            return FirstBatch(plan.task, None, 0, 0, exc, row, None)
         self.end.found(spec)
         return maker.end_first()
+
+
+class KeptError:
+    """A planned task's first batch that failed before the ring existed:
+    reported in the task's slot if the ring comes from another's spec."""
+
+    __slots__ = ("error", "position")
+
+    def __init__(self, error: Exception, position: int) -> None:
+        self.error = error
+        self.position = position
 
 
 # ---------------------------------- shared by the first items and the loops

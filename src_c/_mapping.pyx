@@ -71,12 +71,24 @@ cdef class AlignedMapping:
     def address(self):
         return <uintptr_t>self.base
 
-    def madvise(self, int advice):
-        """madvise(2) over the whole mapping; OSError on failure."""
+    def madvise(self, int advice, size_t start=0, size_t length=0):
+        """madvise(2) over `length` bytes from `start` (all of the mapping
+        by default), without holding the GIL: populating or collapsing a
+        large range takes long. OSError on failure."""
         if self.base == NULL:
             raise ValueError("mapping closed")
-        if madvise(self.base, self.size, advice) != 0:
-            raise OSError(errno, f"madvise({advice})")
+        if length == 0:
+            length = self.size - start if start < self.size else 0
+        if start > self.size or length > self.size - start:
+            raise ValueError(f"range {start}+{length} outside {self.size} bytes")
+        cdef int rc, err = 0
+        cdef char *at = self.base + start
+        with nogil:
+            rc = madvise(at, length, advice)
+            if rc != 0:
+                err = errno
+        if rc != 0:
+            raise OSError(err, f"madvise({advice})")
 
     def close(self):
         if self.exports:

@@ -222,15 +222,33 @@ def test_a_map_dataset_runs_in_workers_only_and_once_per_sample_per_epoch(
 def test_an_error_in_the_first_sample_is_raised_by_the_constructor(
     started_by: dict[str, str],
 ) -> None:
-    """No spec can be had from it, so no ring: the constructor raises it,
-    with the worker's traceback, as a stream's first item's error."""
+    """The only worker's: no spec can be had, so no ring: the constructor
+    raises it, with the worker's traceback, as a stream's first item's
+    error."""
     with pytest.raises(fastq.WorkerError) as info:
         fastq.Prefetcher(
-            FailingDataset(20, bad=0), batch_size=4, workers=2, **started_by
+            FailingDataset(20, bad=0), batch_size=4, workers=1, **started_by
         )
     err = info.value
     assert (err.worker, err.task, err.sample) == (0, 0, 0)
     assert "ValueError" in str(err) and "batch 0, sample 0" in str(err)
+    assert "__getitem__" in err.remote_traceback
+    assert isinstance(err.__cause__, ValueError)
+
+
+def test_a_first_sample_s_error_comes_at_its_turn_when_another_sizes_the_ring(
+    started_by: dict[str, str],
+) -> None:
+    """Every worker begins at once: worker 1's first sample gives the spec,
+    and batch 0's error comes at the first next(), as with spec=."""
+    with fastq.Prefetcher(
+        FailingDataset(20, bad=0), batch_size=4, workers=2, **started_by
+    ) as pf:
+        it = iter(pf)
+        with pytest.raises(fastq.WorkerError) as info:
+            next(it)
+    err = info.value
+    assert (err.worker, err.task, err.sample) == (0, 0, 0)
     assert "__getitem__" in err.remote_traceback
     assert isinstance(err.__cause__, ValueError)
 
@@ -255,10 +273,42 @@ def test_a_first_sample_that_never_comes_is_a_fetch_timeout() -> None:
         fastq.Prefetcher(
             StuckDataset(20, stuck=0),
             batch_size=4,
+            workers=1,
+            timeout=0.5,
+            start_method="fork",
+        )
+
+
+class _StuckEverywhere(StuckDataset):
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        return super().__getitem__(self.stuck)
+
+
+def test_first_samples_that_never_come_are_a_fetch_timeout_naming_the_workers() -> None:
+    with pytest.raises(fastq.FetchTimeout, match="workers 0, 1 made no first batch"):
+        fastq.Prefetcher(
+            _StuckEverywhere(20, stuck=0),
+            batch_size=4,
             workers=2,
             timeout=0.5,
             start_method="fork",
         )
+
+
+def test_a_stuck_first_batch_times_out_at_its_turn_when_another_sizes_the_ring() -> (
+    None
+):
+    with fastq.Prefetcher(
+        StuckDataset(20, stuck=0),
+        batch_size=4,
+        workers=2,
+        timeout=0.5,
+        start_method="fork",
+    ) as pf:
+        it = iter(pf)
+        with pytest.raises(fastq.FetchTimeout) as info:
+            next(it)
+    assert info.value.task == 0
 
 
 def test_a_fill_batch_without_getitem_needs_a_spec() -> None:

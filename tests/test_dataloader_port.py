@@ -1132,10 +1132,10 @@ def test_conv_after_fork(DataLoader: Any) -> None:
 
 def test_get_worker_info(DataLoader: Any) -> None:
     """test_dataloader.py: TestDataLoader.test_get_worker_info (in this
-    process; the workers' pids are taken from the samples, and no barrier
-    makes every worker load a batch)"""
+    process; the workers' pids are taken from the samples). The workers'
+    first samples wait for each other, so every worker must begin at once"""
     assert torch.utils.data.get_worker_info() is None
-    dataset = port.WorkerInfoDataset(6)
+    dataset = port.SynchronizedWorkerInfoDataset(6, batch_size=2, num_workers=2)
     loader = DataLoader(
         dataset, batch_size=2, num_workers=2, worker_init_fn=port.worker_info_init_fn
     )
@@ -1144,7 +1144,7 @@ def test_get_worker_info(DataLoader: Any) -> None:
     pids_of: dict[int, set[int]] = {}
     for worker_id, pid in rows:
         pids_of.setdefault(worker_id, set()).add(pid)
-    assert set(pids_of) <= {0, 1}
+    assert set(pids_of) == {0, 1}  # the barrier needs both
     assert all(len(p) == 1 for p in pids_of.values())
     pids = [p for ps in pids_of.values() for p in ps]
     assert len(set(pids)) == len(pids)
@@ -1156,26 +1156,54 @@ def test_get_worker_info(DataLoader: Any) -> None:
 
 
 def test_worker_seed(DataLoader: Any) -> None:
-    """test_dataloader.py: TestDataLoader.test_worker_seed (without the
-    barrier: one batch per worker, each sees its own torch seed)"""
-    loader = DataLoader(port.SeedDataset(2), batch_size=1, num_workers=2)
+    """test_dataloader.py: TestDataLoader.test_worker_seed (each of 6
+    workers makes one sample, all at once behind a barrier, and each sees
+    its own torch seed)"""
+    num_workers = 6
+    dataset = port.SynchronizedSeedDataset(num_workers, 1, num_workers)
+    loader = DataLoader(dataset, batch_size=1, num_workers=num_workers)
     seeds = {int(batch[0]) for batch in loader}
-    assert len(seeds) == 2
+    assert len(seeds) == num_workers
 
 
 def test_worker_seed_reproducibility(DataLoader: Any) -> None:
-    """test_dataloader.py: TestDataLoader.test_worker_seed_reproducibility"""
+    """test_dataloader.py: TestDataLoader.test_worker_seed_reproducibility
+    (6 workers behind a barrier, twice with one generator seed)"""
+    num_workers = 6
 
     def seeds() -> set[int]:
+        dataset = port.SynchronizedSeedDataset(num_workers, 1, num_workers)
         loader = DataLoader(
-            port.SeedDataset(2),
+            dataset,
             batch_size=1,
-            num_workers=2,
+            num_workers=num_workers,
             generator=torch.Generator().manual_seed(42),
         )
         return {int(batch) for batch in loader}
 
-    assert seeds() == seeds()
+    first = seeds()
+    assert len(first) == num_workers
+    assert first == seeds()
+
+
+def test_out_of_order_index_ds(DataLoader: Any) -> None:
+    """test_dataloader.py: TestOutOfOrderDataLoader.test_out_of_order_index_ds
+    (in_order=False: the slow sample 0 does not hold the others; the
+    original's exact order has sample 2 queued behind it on worker 0, which
+    holds against DataLoader only: fastq gives a batch to the first free
+    worker, a row of the migration table)"""
+    dataset = port.SlowIndexDataset(end=10, slow_index=0)
+    loader = DataLoader(dataset, num_workers=2, in_order=False)
+    outputs = [(int(w), int(i)) for w, i in loader]
+    data = [i for _, i in outputs]
+    assert sorted(data) == list(range(10))
+    assert outputs[0] == (1, 1)  # the other worker's, not the slow one's
+    assert outputs[-1][1] in (0, 2) and data.index(0) >= 8
+    assert [i for i in data if i not in (0, 2)] == [1, 3, 4, 5, 6, 7, 8, 9]
+    assert [w for w, i in outputs if i == 0] == [0]
+    assert {w for w, i in outputs if i not in (0, 2)} == {1}
+    if not FASTQ:
+        assert data == [1, 3, 4, 5, 6, 7, 8, 9, 0, 2]
 
 
 def test_worker_init_fn(DataLoader: Any) -> None:

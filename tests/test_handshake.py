@@ -56,8 +56,8 @@ MESSAGES = [
     ProbeTask(PLAN),
     ProbeStream(fresh=True),
     ProbeStream(fresh=False),
-    RingReady(4096, SPEC, PlanLayout(64, 8, 128)),
-    RingReady(4096, SPEC, None),
+    RingReady(4096, SPEC, PlanLayout(64, 8, 128), (3, 4)),
+    RingReady(4096, SPEC, None, ()),
 ]
 
 
@@ -154,7 +154,7 @@ def test_worker_0_attempts_at_once_and_at_each_probe_then_takes_the_ring(
     path.write_bytes(b"\0" * 8)
     fd = os.open(path, os.O_RDWR)
     try:
-        ready = RingReady(8, SPEC, PlanLayout(0, 1, 8))
+        ready = RingReady(8, SPEC, PlanLayout(0, 1, 8), (PLAN.task,))
         hand_over(consumer, os.getpid(), fd, ready)
         given = worker.finished()
         assert given is not None
@@ -197,6 +197,9 @@ def test_a_planned_first_task_is_attempted_at_once(pipe: tuple[Any, Any]) -> Non
 def test_a_failed_worker_init_is_the_answer_due_instead_of_an_attempt(
     pipe: tuple[Any, Any], fresh: bool
 ) -> None:
+    """The worker then waits for the ring like the others (to report it in
+    the slot of the task claimed for it), or leaves when the consumer
+    closes."""
     consumer, conn = pipe
     worker = Worker(conn, None, fresh, init_error=KeyError("no shard"))
     if not fresh:
@@ -206,6 +209,8 @@ def test_a_failed_worker_init_is_the_answer_due_instead_of_an_attempt(
     assert isinstance(got, WorkerInitFailed)
     report = _report.decode(got.report)
     assert (report.type_name, report.message) == ("builtins.KeyError", "'no shard'")
+    assert not consumer.poll(0.2)
+    consumer.close()
     assert worker.finished() is None
     assert worker.attempts == []
     assert conn.closed
@@ -338,27 +343,52 @@ def test_a_stream_spec_from_each_answer() -> None:
 
 
 class StubPool:
-    """What receive_map_spec asks of a pool: one answer, and the pids."""
+    """What receive_map_spec asks of a pool: answers, whose, and the pids."""
 
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
-        self.pids = [4321]
+    def __init__(self, *answers: tuple[int, Any]) -> None:
+        self.answers = list(answers)
+        self.pids = [4321, 4322, 4323]
+        self.asked: list[list[int]] = []
 
-    def receive_first(self, worker: int, timeout: float | None) -> Any:
-        assert (worker, timeout) == (0, 5.0)
-        return self.answer
+    def receive_any(
+        self, workers: list[int], timeout: float | None, deadline: Any = None
+    ) -> Any:
+        assert timeout == 5.0
+        self.asked.append(list(workers))
+        return self.answers.pop(0)
+
+
+PLAN_2 = Plan(8, 0, 8, [80, 81, 82, 83])
 
 
 def test_a_map_spec_from_each_answer() -> None:
-    assert receive_map_spec(StubPool(SpecFound(SPEC)), PLAN, 5.0) == SPEC
+    assert receive_map_spec(StubPool((0, SpecFound(SPEC))), [PLAN], 5.0) == SPEC
     failed = FirstItemFailed(report_of(IndexError("gone")), 1)
     with pytest.raises(WorkerError) as caught:
-        receive_map_spec(StubPool(failed), PLAN, 5.0)
+        receive_map_spec(StubPool((0, failed)), [PLAN], 5.0)
     assert caught.value.task == PLAN.task
     assert caught.value.sample == PLAN.indices[1]  # the sample at position 1
     init = WorkerInitFailed(report_of(RuntimeError("no GPU")))
     with pytest.raises(WorkerError, match="its first batch, in worker_init"):
-        receive_map_spec(StubPool(init), PLAN, 5.0)
+        receive_map_spec(StubPool((0, init)), [PLAN], 5.0)
+
+
+def test_the_first_spec_any_worker_finds_is_the_map_spec() -> None:
+    """Every worker begins at once: a later task's spec sizes the ring while
+    an earlier task's first sample failed (its worker keeps the error)."""
+    failed = FirstItemFailed(report_of(IndexError("gone")), 1)
+    pool = StubPool((0, failed), (1, SpecFound(SPEC)))
+    assert receive_map_spec(pool, [PLAN, PLAN_2], 5.0) == SPEC
+    assert pool.asked == [[0, 1], [1]]
+
+
+def test_when_every_first_sample_fails_the_first_task_s_error_is_raised() -> None:
+    first = FirstItemFailed(report_of(IndexError("first")), 1)
+    second = FirstItemFailed(report_of(KeyError("second")), 0)
+    with pytest.raises(WorkerError) as caught:
+        receive_map_spec(StubPool((1, second), (0, first)), [PLAN, PLAN_2], 5.0)
+    assert caught.value.task == PLAN.task
+    assert "first" in str(caught.value)
 
 
 def test_sending_to_a_worker_that_is_gone_is_silent(
@@ -371,7 +401,7 @@ def test_sending_to_a_worker_that_is_gone_is_silent(
     path.write_bytes(b"\0")
     fd = os.open(path, os.O_RDONLY)
     try:
-        hand_over(consumer, os.getpid(), fd, RingReady(1, SPEC, None))
+        hand_over(consumer, os.getpid(), fd, RingReady(1, SPEC, None, ()))
     finally:
         os.close(fd)
 

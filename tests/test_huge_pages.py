@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,16 @@ class Images:
 
     def __getitem__(self, i: int) -> np.ndarray:
         return np.full(SHAPE[1:], i % 251, dtype=np.uint8)
+
+
+def settled_pages(pf: fastq.Prefetcher) -> dict[str, Any]:
+    """stats()["pages"] once the ring's pages are made huge and mapped
+    here, which a thread does after the ring is handed over."""
+    region = pf._engine.region
+    assert region is not None and region.wait_settled(30)
+    pages: dict[str, Any] = pf.stats()["pages"]
+    assert pages["settled"]
+    return pages
 
 
 def check_epoch(pf: fastq.Prefetcher) -> None:
@@ -69,7 +80,7 @@ def system_setting(path: str, value: str) -> Iterator[None]:
 def test_stats_say_what_backs_the_ring() -> None:
     with fastq.Prefetcher(Images(), batch_size=ROWS, workers=1) as pf:
         check_epoch(pf)
-        pages = pf.stats()["pages"]
+        pages = settled_pages(pf)
     assert pages["kind"] in (_shm.PAGES_HUGETLB, _shm.PAGES_THP, _shm.PAGES_BASE)
     assert 0 <= pages["huge_bytes"] <= pages["bytes"]
     if pages["kind"] == _shm.PAGES_BASE:
@@ -88,7 +99,7 @@ def test_transparent_huge_pages_are_asked_for_where_shmem_says_advise() -> None:
     with system_setting(_shm._THP_SHMEM, "advise"):
         with fastq.Prefetcher(Images(), batch_size=ROWS, workers=2) as pf:
             check_epoch(pf)
-            pages = pf.stats()["pages"]
+            pages = settled_pages(pf)
     assert pages["kind"] == _shm.PAGES_THP
     assert pages["bytes"] % HUGE == 0
     assert pages["huge_bytes"] == pages["bytes"]
@@ -100,7 +111,7 @@ def test_hugetlb_pages_are_used_when_enough_are_free() -> None:
             pytest.skip("the kernel could not reserve hugetlb pages")
         with fastq.Prefetcher(Images(), batch_size=ROWS, workers=2) as pf:
             check_epoch(pf)
-            pages = pf.stats()["pages"]
+            pages = settled_pages(pf)
     assert pages["kind"] == _shm.PAGES_HUGETLB
     assert pages["huge_bytes"] == pages["bytes"]
 
@@ -175,10 +186,15 @@ def test_where_shmem_says_never_the_pages_are_collapsed_for_every_worker() -> No
                 if all(w["batches"] for w in pf.stats()["workers"]):
                     break
                 check_epoch(pf)
-            pages = pf.stats()["pages"]
+            pages = settled_pages(pf)
             if pages["kind"] == _shm.PAGES_BASE:
                 pytest.skip("this kernel cannot collapse shared memory (before 6.1)")
-            workers = [ring_huge_bytes(pid) for pid in pf._pool.pids]
+            # Each worker maps its pages huge on a thread of its own.
+            for _ in range(300):
+                workers = [ring_huge_bytes(pid) for pid in pf._pool.pids]
+                if workers == [pages["bytes"]] * 2:
+                    break
+                time.sleep(0.05)
     assert pages["kind"] == _shm.PAGES_THP
     assert pages["huge_bytes"] == pages["bytes"]
     assert workers == [pages["bytes"]] * 2
@@ -227,6 +243,7 @@ def test_a_collapse_the_kernel_refuses_leaves_base_pages(
     monkeypatch.setattr(_shm, "_MADV_COLLAPSE", 9999)
     region = _shm.Region.create(4 * HUGE)
     try:
+        assert region.wait_settled(30)
         assert region.pages == _shm.PAGES_BASE and region.size == 4 * HUGE
         assert region.huge_bytes() == 0
         assert os.fstat(region.fd).st_blocks * 512 >= region.size  # reserved

@@ -110,15 +110,16 @@ def test_death_after_the_last_batch_needed_is_reported_by_the_next_fetch() -> No
 
 
 def test_a_death_in_the_first_batch_without_a_spec_names_when() -> None:
-    """Worker 0 dies making its first sample: no spec, so the constructor
-    raises it; dying later in that batch, whose task the census records as
-    worker 0's, it is raised at the first next() naming the batch."""
+    """The only worker dies making its first sample: no spec, so the
+    constructor raises it; dying later in that batch, whose task the census
+    records as worker 0's, it is raised at the first next() naming the
+    batch."""
     kill = signal.SIGKILL
     with pytest.raises(fastq.WorkerDied, match="before the ring existed"):
         fastq.Prefetcher(
             SuicideDataset(20, bad=0, signum=kill),
             batch_size=4,
-            workers=2,
+            workers=1,
             start_method="fork",
         )
     with fastq.Prefetcher(
@@ -130,3 +131,20 @@ def test_a_death_in_the_first_batch_without_a_spec_names_when() -> None:
         with pytest.raises(fastq.WorkerDied, match="while producing batch 0") as info:
             next(iter(pf))
     assert info.value.worker == 0 and info.value.task == 0
+
+
+def test_a_death_in_a_first_sample_while_another_worker_sizes_the_ring() -> None:
+    """Every worker begins at once: worker 0's death is raised by the
+    constructor if it comes before worker 1's spec, else at the first
+    next(), naming batch 0 (the census holds it as worker 0's)."""
+    kill = signal.SIGKILL
+    with pytest.raises(fastq.WorkerDied) as info:
+        with fastq.Prefetcher(
+            SuicideDataset(20, bad=0, signum=kill),
+            batch_size=4,
+            workers=2,
+            start_method="fork",
+        ) as pf:
+            next(iter(pf))
+    assert info.value.worker == 0
+    assert "SIGKILL" in str(info.value)

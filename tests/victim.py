@@ -46,11 +46,12 @@ def announce(pf: fastq.Prefetcher) -> None:
 
 def main(scenario: str, method: str) -> None:
     if scenario == "killed-consumer":
-        # The worker on batch 1 is stuck in user code (sample 3); the others fill the
-        # ring and wait for a free slot. (Batch 0 is made before the ring exists,
-        # to infer the spec: a worker stuck there would not map the ring yet.)
+        # The worker on batch 3 is stuck in user code (sample 7); the others fill
+        # the ring and wait for a free slot. (Batches 0 to 2, one per worker, are
+        # made before the ring exists, to infer the spec: a worker stuck there
+        # would not map the ring yet.)
         pf = fastq.Prefetcher(
-            StuckDataset(1000, stuck=3),
+            StuckDataset(1000, stuck=7),
             batch_size=2,
             workers=3,
             slots=2,

@@ -33,6 +33,16 @@ CONFIGS = (
     ("DataLoader", "default"),
     ("DataLoader", "late"),
 )
+# The large-ring case ("photos"): SlowPhotos, batch 128, shuffled,
+# persistent workers, for these worker counts; the drop-in's default ring
+# is then 2 slots of 19 MB per worker (580 MB at 15 workers).
+PHOTO_CONFIGS = (
+    ("fastq.torch.DataLoader", "photos"),
+    ("DataLoader", "photos"),
+)
+PHOTO_WORKERS = (4, 15)
+PHOTO_SAMPLES = 4096
+PHOTO_BATCH = 128
 REPEATS = 5
 WORKERS = (1, 2)
 SAMPLES = 512
@@ -76,17 +86,20 @@ def run_all(
     workers: Sequence[int] = WORKERS,
     repeats: int = REPEATS,
     progress: Callable[[Run], None] | None = None,
+    photo_workers: Sequence[int] = PHOTO_WORKERS,
 ) -> list[Run]:
-    """Every config for every worker count, `repeats` fresh runs each,
-    interleaved so that a slow spell of the machine hits every config."""
+    """Every config for every worker count, and the large-ring case for
+    ``photo_workers``, `repeats` fresh runs each, interleaved so that a
+    slow spell of the machine hits every config."""
     runs = []
+    jobs = [(loader, method, w) for w in workers for loader, method in CONFIGS]
+    jobs += [(ld, m, w) for w in photo_workers for ld, m in PHOTO_CONFIGS]
     for _ in range(repeats):
-        for w in workers:
-            for loader, method in CONFIGS:
-                r = run_once(loader, method, w)
-                if progress is not None:
-                    progress(r)
-                runs.append(r)
+        for loader, method, w in jobs:
+            r = run_once(loader, method, w)
+            if progress is not None:
+                progress(r)
+            runs.append(r)
     return runs
 
 
@@ -135,7 +148,10 @@ def table(runs: Sequence[Run]) -> str:
             lines.append(f"{label:40}  {w:>1}  {rs[0].error}")
             continue
         first, worker, server, total = medians((loader, method, w))
-        base_first, base_worker, _, _ = medians(("fastq", "fork", w))
+        base = ("fastq", "fork", w)
+        if method == "photos":
+            base = ("DataLoader", "photos", w)
+        base_first, base_worker, _, _ = medians(base)
         spread = " ".join(f"{r.first_batch_s:.2f}" for r in ok)
         lines.append(
             f"{label:40}  {w:>1}  {first:13.3f}  {first / base_first:6.1f}  "
@@ -146,7 +162,8 @@ def table(runs: Sequence[Run]) -> str:
 
 
 def _order(loader: str, method: str) -> int:
-    return CONFIGS.index((loader, method)) if (loader, method) in CONFIGS else 99
+    every = CONFIGS + PHOTO_CONFIGS
+    return every.index((loader, method)) if (loader, method) in every else 99
 
 
 # ------------------------------------------------------------ one run
@@ -155,7 +172,7 @@ def _order(loader: str, method: str) -> int:
 def _actual(method: str, server: int | None) -> str:
     """The start method a run used: its workers' parent is this process
     (fork) or a fork server."""
-    if method not in ("default", "late"):
+    if method not in ("default", "late", "photos"):
         return method
     return "fork" if server is None else "forkserver"
 
@@ -179,10 +196,18 @@ def _measure(loader: str, method: str, workers: int) -> Run:
 
     import fastq
 
-    from .torch_dataset import Images
+    from .torch_dataset import Images, SlowPhotos
 
-    dataset = Images(SAMPLES)
-    context = None if method in ("default", "late") else method
+    dataset: Any = Images(SAMPLES)
+    options: dict[str, Any] = {"batch_size": BATCH_SIZE}
+    if method == "photos":
+        dataset = SlowPhotos(PHOTO_SAMPLES)
+        options = {
+            "batch_size": PHOTO_BATCH,
+            "shuffle": True,
+            "persistent_workers": True,
+        }
+    context = None if method in ("default", "late", "photos") else method
     gc.collect()
     t0 = time.perf_counter()
     if loader == "fastq":
@@ -200,10 +225,7 @@ def _measure(loader: str, method: str, workers: int) -> Run:
             else torch.utils.data.DataLoader
         )
         feed = kind(
-            dataset,
-            batch_size=BATCH_SIZE,
-            num_workers=workers,
-            multiprocessing_context=context,
+            dataset, num_workers=workers, multiprocessing_context=context, **options
         )
         it = iter(feed)
         first = next(it)

@@ -10,7 +10,7 @@ import threading
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,7 +53,7 @@ class CudaRing:
     recorded (NOTE [ Slots waiting on device work ]). It never references
     the prefetcher, so batch finalizers keep nothing else alive.
 
-    ``register_later`` page-locks the ring on the returner thread instead
+    ``register_later`` page-locks the ring on a thread of its own instead
     of before the first batch: batches handed out before it is done are
     not pinned (torch's pin_memory then copies them, as DataLoader does),
     and if it fails the loader goes on that way, with a warning.
@@ -81,21 +81,29 @@ class CudaRing:
         self.peak_waiting = 0
         self._host: np.ndarray[Any, Any] | None = None
         self._mapping: Any = None
+        self._settled: Callable[[], Any] = _nothing
         self._changed = threading.Condition()
         self._returner: threading.Thread | None = None
+        self._registrar: threading.Thread | None = None
         self.stream = self.cuda.copy_stream() if copy_stream else None
 
     # ------------------------------------------------------------ pinning
 
-    def attach(self, mapping: Any) -> None:
-        """Takes hold of a new ring: page-locks it if ``pin``, now or on the
-        returner thread."""
+    def attach(self, mapping: Any, settled: Callable[[], Any]) -> None:
+        """Takes hold of a new ring: page-locks it if ``pin``, now or on a
+        thread, once ``settled()`` has returned (its pages made huge:
+        page-locked pages cannot be)."""
         if not self.pin:
             return
         if self.register_later:
-            self._mapping = mapping
-            self._start_returner()
+            self._mapping, self._settled = mapping, settled
+            # A thread of its own: the returner must not wait for it.
+            self._registrar = threading.Thread(
+                target=self._register_later, name="fastq-pinned-register", daemon=True
+            )
+            self._registrar.start()
         else:
+            settled()
             self.register(mapping)
 
     def register(self, mapping: Any) -> None:
@@ -189,11 +197,14 @@ class CudaRing:
             )
         self._returner.start()
 
-    def _register_on_returner(self) -> None:
-        mapping, self._mapping = self._mapping, None
+    def _register_later(self) -> None:
+        mapping = self._mapping
         if mapping is None or self.closed:
             return
         try:
+            self._settled()
+            if self.closed:
+                return
             with self.cuda.device():
                 self.register(mapping)
         except SharedMemoryError as exc:
@@ -202,6 +213,9 @@ class CudaRing:
                 RuntimeWarning,
                 stacklevel=1,
             )
+        finally:
+            # Neither keeps the ring's memory mapped once it is closed.
+            self._mapping, self._settled = None, _nothing
 
     def _next_event(self) -> Event | None:
         """The oldest pending event, once there is one; None once closed."""
@@ -234,11 +248,12 @@ class CudaRing:
             with self._changed:
                 self.closed = True
                 self._changed.notify_all()
-            returner = self._returner
-            if returner is not None and returner is not threading.current_thread():
-                # Bounded: every event it may be waiting on has completed
-                # (synchronized above), and a registration ends.
-                returner.join()
+            for thread in (self._registrar, self._returner):
+                if thread is not None and thread is not threading.current_thread():
+                    # Bounded: every event the returner may be waiting on
+                    # has completed (synchronized above), and a
+                    # registration ends.
+                    thread.join()
             self.pending.clear()
             host, self._host = self._host, None
             if host is not None:
@@ -249,12 +264,15 @@ class CudaRing:
                     )
 
 
+def _nothing() -> None:
+    pass
+
+
 def _return_slots(ring: CudaRing) -> None:
-    """The returner thread: page-locks the ring if asked to, then returns
-    each pending slot as soon as the GPU has passed its event (NOTE [ Slots
-    waiting on device work ]), until the ring is closed."""
+    """The returner thread: returns each pending slot as soon as the GPU has
+    passed its event (NOTE [ Slots waiting on device work ]), until the ring
+    is closed."""
     with ring.cuda.device():
-        ring._register_on_returner()
         while True:
             event = ring._next_event()
             if event is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import multiprocessing
 import os
 import sys
 import time
@@ -135,6 +136,61 @@ class SeedDataset(Dataset[int]):
         return torch.initial_seed()
 
 
+class SynchronizedDataset(Dataset[Any]):
+    """test_dataloader.py's SynchronizedDataset: the first sample of each of
+    `num_workers` workers waits until all of them are being made, as a
+    dataset that synchronizes its workers does (a hang unless every worker
+    begins at once)."""
+
+    def __init__(self, size: int, batch_size: int, num_workers: int) -> None:
+        assert size >= num_workers * batch_size
+        self.count = multiprocessing.Value("i", 0, lock=True)
+        self.barrier = multiprocessing.Semaphore(0)
+        self.num_workers = num_workers
+        self.size = size
+
+    def sync_once(self) -> None:
+        with self.count.get_lock():
+            self.count.value += 1
+            if self.count.value == self.num_workers:
+                self.barrier.release()
+        self.barrier.acquire()
+        self.barrier.release()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> Any:
+        raise NotImplementedError
+
+
+class SynchronizedSeedDataset(SynchronizedDataset):
+    """Sample = torch.initial_seed() of its worker, once every worker is
+    making one."""
+
+    def __getitem__(self, i: int) -> int:
+        self.sync_once()
+        return torch.initial_seed()
+
+
+class SlowIndexDataset(Dataset[Any]):
+    """test_dataloader.py's _TestSlowIndexDataset: sample `slow_index`
+    takes a second; every sample is (worker id, index)."""
+
+    def __init__(self, end: int, slow_index: int) -> None:
+        self.end = end
+        self.slow_index = slow_index
+
+    def __len__(self) -> int:
+        return self.end
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        info = get_worker_info()
+        if i == self.slow_index:
+            time.sleep(1.0)
+        return (-1 if info is None else info.id, i)
+
+
 class WorkerInfoDataset(Dataset[Any]):
     """Returns `self.value`, which only `worker_info_init_fn` sets (on the
     worker's copy)."""
@@ -146,6 +202,19 @@ class WorkerInfoDataset(Dataset[Any]):
         return self.size
 
     def __getitem__(self, i: int) -> Any:
+        return torch.tensor(self.value)
+
+
+class SynchronizedWorkerInfoDataset(WorkerInfoDataset):
+    """test_dataloader.py's TestWorkerInfoDataset: WorkerInfoDataset whose
+    first samples wait for every worker's (SynchronizedDataset)."""
+
+    def __init__(self, size: int, batch_size: int, num_workers: int) -> None:
+        super().__init__(size)
+        self.sync = SynchronizedDataset(size, batch_size, num_workers)
+
+    def __getitem__(self, i: int) -> Any:
+        self.sync.sync_once()
         return torch.tensor(self.value)
 
 
