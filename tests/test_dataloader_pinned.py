@@ -27,8 +27,8 @@ from torch_helpers.pinning import (  # noqa: E402
 )
 
 import fastq  # noqa: E402
-from fastq._engine import DEVICE_SLOTS  # noqa: E402
-from fastq._ring import FREE, READY  # noqa: E402
+from fastq._core._ring import FREE, READY  # noqa: E402
+from fastq._loop._engine import DEVICE_SLOTS  # noqa: E402
 from fastq.torch import DataLoader, _dataloader  # noqa: E402
 from fastq.torch._pinned import CudaRing  # noqa: E402
 

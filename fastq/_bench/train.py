@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
-from .._prefetcher import _cpus_per_rank, default_workers
+from .._faces._prefetcher import _cpus_per_rank, default_workers
 
 # Re-exported: the runner reads them here.
 from .train_loop import LOADERS as LOADERS

@@ -21,17 +21,17 @@ import os
 import sys
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
 import torch.utils.data
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
-from .._arguments import as_int, positive_int
-from .._planned import PlannedLoader
-from .._pool import get_context
-from .._prefetcher import default_workers
+from .._faces._arguments import as_int, positive_int
+from .._faces._planned import PlannedLoader
+from .._faces._prefetcher import default_workers
+from .._workers._pool import get_context
 from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
 from ._loader_state import (
     MAP_STYLE,
@@ -54,6 +54,16 @@ _T_co = TypeVar("_T_co", covariant=True)
 class DataLoaderTimeout(FetchTimeout, RuntimeError):
     """No batch within ``timeout`` seconds: a FetchTimeout that is also the
     RuntimeError DataLoader raises."""
+
+
+def _not_routed(loader: DataLoader[Any]) -> None:
+    pass
+
+
+# What reading _is_accelerate_prepared does: set to `adopt` by
+# fastq/torch/_install.py, which builds on this module (fastq.torch imports
+# both), so that accelerate's rebuilt loader runs on fastq's workers.
+on_accelerate_prepare: Callable[[DataLoader[Any]], None] = _not_routed
 
 
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
@@ -370,9 +380,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     # makes that rebuilt loader run on fastq's workers (fastq/torch/_install.py).
     @property
     def _is_accelerate_prepared(self) -> bool:
-        from ._install import adopt  # _install imports this module
-
-        adopt(self)
+        on_accelerate_prepare(self)
         return bool(self.__dict__.get("_accelerate_prepared", False))
 
     @_is_accelerate_prepared.setter
