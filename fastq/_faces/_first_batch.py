@@ -7,11 +7,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .._core import _report
 from .._core._plan import Plan
 from .._core._ring import Ring
 from .._layout._spec import BatchSpec
-from .._loop._diagnosis import batch_error
+from .._loop._diagnosis import first_item_failed, init_failed
 from .._make._sampler import EpochSampler
 from .._make._state import Resume
 from .._workers._handshake import FirstItemFailed, SpecFound, WorkerInitFailed
@@ -77,7 +76,8 @@ def receive_map_spec(pool: Any, plans: list[Plan], timeout: float | None) -> Bat
             spec: BatchSpec = answer.spec
             return spec
         if isinstance(answer, WorkerInitFailed):
-            raise _report.decode(answer.report).error(  # worker_init failed
+            raise init_failed(
+                answer,
                 worker=worker,
                 pid=pool.pids[worker],
                 where="its first batch, in worker_init",
@@ -87,12 +87,11 @@ def receive_map_spec(pool: Any, plans: list[Plan], timeout: float | None) -> Bat
         waiting.remove(worker)
         if not waiting:
             first = plans[0]
-            raise batch_error(
-                _report.decode(failed[0].report),
+            raise first_item_failed(
+                failed[0],
                 worker=0,
                 pid=pool.pids[0],
                 task=first.task,
-                position=failed[0].position,
                 indices=first.indices,
             )
 

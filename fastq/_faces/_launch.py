@@ -123,7 +123,7 @@ def _start(
         assert s.sampler is not None
         # A fill_batch reads one sample apart to lay out its arrays: once
         # per run, by one worker.
-        starting = min(s.workers, _ring_slots(s))
+        starting = min(s.workers, engine.ring_slots(s.slots))
         if getattr(s.source, "fill_batch", None) is not None:
             starting = 1
         plans = first_plans(s.sampler, resume, starting)
@@ -147,12 +147,6 @@ def _start(
     return spec
 
 
-def _ring_slots(s: Settings) -> int:
-    # One slot more than asked for: the batch a `for` loop's body still
-    # holds while the next one is fetched must not starve the workers.
-    return s.slots + 1
-
-
 def _build_ring(engine: Engine, s: Settings, spec: BatchSpec) -> Ring:
     slot_bytes = max(spec.slot_bytes, MIN_SLOT_BYTES)
-    return engine.build_ring(engine.ring_slots(_ring_slots(s)), s.workers, slot_bytes)
+    return engine.build_ring(engine.ring_slots(s.slots), s.workers, slot_bytes)

@@ -20,11 +20,12 @@ from .._core._ring import SlotLease, region_size
 from .._core._shm import PAGE_SIZE
 from .._core._turns import Turns
 from .._layout._packing import Codec, PackedSpec, unpack
-from .._loop._engine import Engine, SlotPinning, check_open, in_main_thread
+from .._loop._engine import Engine, SlotPinning, in_main_thread
 from .._loop._planner import Planner
 from .._make._worker_info import WorkerInfo
 from .._workers._config import WorkerConfig
 from ..errors import RingError
+from ._face import Face
 from ._first_batch import claim_kept
 from ._prober import FirstBatchProber
 
@@ -47,7 +48,7 @@ class PackedSource(Protocol):
     def __call__(self) -> Iterator[Any]: ...
 
 
-class PlannedLoader:
+class PlannedLoader(Face):
     """Workers, ring and plan table for one DataLoader. Iterating it runs
     one epoch of ``batches`` (an iterator of index lists from the sampler,
     given to ``begin_epoch``), or one pass over an iterable source.
@@ -90,7 +91,7 @@ class PlannedLoader:
         self.timeout = timeout
         self.workers = workers
         self.slots = slots
-        self._ring_slots = self._engine.ring_slots(slots + 1)
+        self._ring_slots = self._engine.ring_slots(slots)
         self._entries = max(2 * (slots + 1), 8)
         self._max_bytes = slot_bytes
         self._live = 0  # the current loop's token until the Feed exists
@@ -322,27 +323,12 @@ class PlannedLoader:
 
     # ---------------------------------------------------------- lifecycle
 
-    def _check_open(self) -> None:
-        check_open(self.closed, self._pid)
-
-    @property
-    def closed(self) -> bool:
-        # Its engine closes itself on a fatal error (a worker's death).
-        return self._closed or self._engine.closed
-
     @property
     def inherited(self) -> bool:
         """This process is a forked copy of the one that started the engine
         (accelerate's notebook_launcher forks with the loader): the workers
         and slots are the parent's, for it neither to use nor to close."""
         return os.getpid() != self._pid
-
-    def close(self) -> None:
-        """Stops and reaps every worker; batches handed out stay valid."""
-        if self._closed or os.getpid() != self._pid:
-            return
-        self._closed = True
-        self._engine.close()
 
     def stats(self) -> dict[str, Any]:
         """fastq.Prefetcher.stats(); empty while no batch has been made."""

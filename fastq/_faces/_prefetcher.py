@@ -14,7 +14,7 @@ from .._core._shm import Region
 from .._layout._spec import BatchSpec
 from .._loop._autotune import cpu_budget
 from .._loop._consumer import Feed
-from .._loop._engine import Engine, PlainBatches, SlotPinning, check_open
+from .._loop._engine import Engine, PlainBatches, SlotPinning
 from .._make._state import (
     Resume,
     check_state,
@@ -24,7 +24,8 @@ from .._make._state import (
 )
 from .._workers._pool import WorkerPool
 from ..errors import ConfigError
-from ._arguments import as_int, resolve, spare_one
+from ._arguments import Settings, as_int, resolve, spare_one
+from ._face import Face
 from ._launch import launch
 
 _P = TypeVar("_P", bound="Prefetcher")
@@ -45,7 +46,20 @@ def default_workers() -> int:
     return spare_one(_cpus_per_rank())
 
 
-class Prefetcher:
+class _Setting:
+    """A Prefetcher's attribute, as its arguments resolved it (read-only:
+    the engine runs with it)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, face: Any, owner: type | None = None) -> Any:
+        if face is None:
+            return self
+        return getattr(face._settings, self.name)
+
+
+class Prefetcher(Face):
     """Feeds fixed-shape numpy batches produced by worker processes through
     a ring of preallocated shared-memory slots.
 
@@ -165,6 +179,19 @@ class Prefetcher:
     """
 
     _spec: BatchSpec
+    _settings: Settings
+
+    # The arguments as resolved (defaults filled in), one place for each.
+    ordered = _Setting()
+    copy = _Setting()
+    timeout = _Setting()
+    workers = _Setting()
+    slots = _Setting()
+    seed = _Setting()
+    rank = _Setting()
+    world_size = _Setting()
+    drop_last = _Setting()
+    shuffle_buffer = _Setting()
 
     def __init__(
         self,
@@ -214,20 +241,7 @@ class Prefetcher:
             shuffle_buffer,
             _cpus_per_rank(),
         )
-        self._is_map = settings.is_map
-        self._sampler = settings.sampler
-        self._stream_resume = settings.stream_resume
-        self._stream_rows = settings.stream_rows
-        self.ordered = settings.ordered
-        self.copy = settings.copy
-        self.timeout = settings.timeout
-        self.workers = settings.workers
-        self.slots = settings.slots
-        self.seed = settings.seed
-        self.rank = settings.rank
-        self.world_size = settings.world_size
-        self.drop_last = settings.drop_last
-        self.shuffle_buffer = settings.shuffle_buffer
+        self._stream_resume = settings.stream_resume  # a loaded state replaces it
         self._start_engine(settings.resume)
         self._closed = False
 
@@ -286,9 +300,9 @@ class Prefetcher:
     # ------------------------------------------------------- iteration
 
     def __len__(self) -> int:
-        if self._sampler is None:
+        if self._settings.sampler is None:
             raise TypeError("a Prefetcher over a callable source has no len()")
-        return self._sampler.batches_per_epoch
+        return self._settings.sampler.batches_per_epoch
 
     @property
     def epoch(self) -> int:
@@ -299,7 +313,7 @@ class Prefetcher:
         """The next ``for`` loop iterates epoch ``epoch`` (a resumed run:
         its order and randomness are those of that epoch). Epochs only move
         forward: going back needs a new Prefetcher."""
-        sampler = self._sampler
+        sampler = self._settings.sampler
         if sampler is None:
             raise TypeError("a Prefetcher over a callable source has no epochs")
         e = as_int(epoch)
@@ -331,17 +345,19 @@ class Prefetcher:
         delivered in the current pass."""
         self._check_open()
         feed = self._feed
-        if self._sampler is None:
+        if self._settings.sampler is None:
             return make_stream_state(
                 feed.stream_place(),
                 rank=self.rank,
                 world_size=self.world_size,
-                sample_stream=bool(self._stream_rows),
+                sample_stream=bool(self._settings.stream_rows),
                 shuffle_buffer=self.shuffle_buffer,
                 seed=self.seed,
             )
         epoch, done, above = feed.epochs.place(feed.consumer.handed)
-        return make_state(self._sampler, epoch=epoch, done=done, delivered=above)
+        return make_state(
+            self._settings.sampler, epoch=epoch, done=done, delivered=above
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``for`` loop resumes where ``state`` (from
@@ -351,20 +367,20 @@ class Prefetcher:
         Prefetcher with ``state=``."""
         self._check_open()
         feed = self._feed
-        if self._sampler is None:
+        if self._settings.sampler is None:
             self._stream_resume = check_stream_state(
                 state,
                 workers=self.workers,
                 rank=self.rank,
                 world_size=self.world_size,
-                sample_stream=bool(self._stream_rows),
+                sample_stream=bool(self._settings.stream_rows),
                 shuffle_buffer=self.shuffle_buffer,
                 seed=self.seed,
             )
             feed.end_loops(ConfigError, _LOADED_MID_LOOP)
             self._restart_engine(None)  # each worker passes over its items
             return
-        sampler = self._sampler
+        sampler = self._settings.sampler
         resume = check_state(state, sampler)
         epoch, first = resume.epoch, resume.first
         if epoch * sampler.batches_per_epoch + first < feed.consumer.next_task:
@@ -395,7 +411,7 @@ class Prefetcher:
 
     def __iter__(self) -> Iterator[Any]:
         self._check_open()
-        if self._is_map:
+        if self._settings.is_map:
             return self._feed.begin_epoch()
         return self._feed.begin_pass()
 
@@ -404,22 +420,6 @@ class Prefetcher:
         return PlainBatches(spec)
 
     # ------------------------------------------------------- lifecycle
-
-    def _check_open(self) -> None:
-        check_open(self.closed, self._pid)
-
-    @property
-    def closed(self) -> bool:
-        # Its engine closes itself on a fatal error (a worker's death).
-        return self._closed or self._engine.closed
-
-    def close(self) -> None:
-        """Stops and reaps every worker (bounded: about a second). Batches
-        already handed out stay valid while referenced."""
-        if self._closed or os.getpid() != self._pid:
-            return
-        self._closed = True
-        self._engine.close()
 
     def __enter__(self: _P) -> _P:
         return self

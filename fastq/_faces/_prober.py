@@ -10,10 +10,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .._core import _report
 from .._core._plan import Plan
 from .._layout._packing import PackedSpec
-from .._loop._diagnosis import batch_error
+from .._loop._diagnosis import first_item_failed, init_failed
 from .._loop._planner import Planner
 from .._workers._handshake import (
     FirstItemFailed,
@@ -25,6 +24,9 @@ from .._workers._handshake import (
     WorkerInitFailed,
 )
 from .._workers._pool import WorkerPool
+
+# Where a worker_init_fn's exception is said to have come from.
+_INIT = "its worker_init_fn"
 
 
 class FirstBatchProber:
@@ -131,20 +133,17 @@ class FirstBatchProber:
                     raise pool.empty_error()
                 self.ended = True
                 return
-            raise _report.decode(answer.report).error(  # worker_init failed
-                worker=worker, pid=pool.pids[worker], where="its worker_init_fn"
-            )
+            raise init_failed(answer, worker=worker, pid=pool.pids[worker], where=_INIT)
 
     def _error(self, worker: int, task: int, answer: FirstItemFailed) -> Exception:
         indices = None
         if self._planner is not None:
             indices = self._planner.indices.pop(task, None)
-        return batch_error(
-            _report.decode(answer.report),
+        return first_item_failed(
+            answer,
             worker=worker,
             pid=self._pool.pids[worker],
             task=task,
-            position=answer.position,
             indices=indices,
         )
 
@@ -166,8 +165,8 @@ class FirstBatchProber:
                 self._found(answer.spec, kept, worker)
                 return
             if isinstance(answer, WorkerInitFailed):
-                raise _report.decode(answer.report).error(  # worker_init failed
-                    worker=worker, pid=pool.pids[worker], where="its worker_init_fn"
+                raise init_failed(
+                    answer, worker=worker, pid=pool.pids[worker], where=_INIT
                 )
             assert isinstance(answer, FirstItemFailed)  # a planned task
             del self._round[worker]

@@ -26,6 +26,7 @@ from .._core._ring import (
     Ring,
     SlotLease,
 )
+from .._workers._handshake import FirstItemFailed, WorkerInitFailed
 from ..errors import FetchTimeout, RingError, SlotsExhausted, WorkerDied
 
 if TYPE_CHECKING:
@@ -108,6 +109,28 @@ def worker_error(
         indices=indices,
         stream_place=stream_place,
         sample_stream=sample_stream,
+    )
+
+
+def init_failed(
+    answer: WorkerInitFailed, *, worker: int, pid: int, where: str
+) -> Exception:
+    """worker_init's exception, reported before the ring existed."""
+    return _report.decode(answer.report).error(worker=worker, pid=pid, where=where)
+
+
+def first_item_failed(
+    answer: FirstItemFailed, *, worker: int, pid: int, task: int, indices: Any
+) -> Exception:
+    """The exception for a first batch that failed before the ring existed
+    (its sample at the answer's position, when known)."""
+    return batch_error(
+        _report.decode(answer.report),
+        worker=worker,
+        pid=pid,
+        task=task,
+        position=answer.position,
+        indices=indices,
     )
 
 

@@ -135,11 +135,13 @@ class Engine:
         self.pool = WorkerPool(ctx, configs, self.ring)
         return self.pool
 
-    def ring_slots(self, window: int) -> int:
-        """The ring's slots for a window of ``window``: a pinned ring's also
-        hold the batches whose device work is still queued."""
+    def ring_slots(self, slots: int) -> int:
+        """The ring's slots for a face's ``slots=``: one more, since the
+        batch a `for` loop's body still holds while the next one is fetched
+        must not starve the workers; a pinned ring's also hold the batches
+        whose device work is still queued (DEVICE_SLOTS)."""
         extra = DEVICE_SLOTS if self._make_pinning is not None else 0
-        return min(window + extra, MAX_SLOTS)
+        return min(slots + 1 + extra, MAX_SLOTS)
 
     def build_ring(
         self, ring_slots: int, workers: int, slot_bytes: int, extra_bytes: int = 0

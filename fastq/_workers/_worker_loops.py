@@ -244,20 +244,17 @@ class PlannedBatches(Producer):
         plans = self.plans
         keep = NOTHING if first is None else first[1]
         while True:
-            t0w = time.perf_counter_ns()
             plan: Plan | None
             if keep is not NOTHING:
                 plan = self.cfg.first_plan
                 assert plan is not None
-                task = plan.task
+                task, wait_ns = plan.task, 0
                 slot = self._kept_slot(task)
             else:
-                slot = self.ring.pop_free(self.wid)
+                slot, task, wait_ns = self._take_slot()
                 if slot < 0:
                     return
-                task = self.ring.claim_task(slot)
                 plan = plans.read(task)
-            wait_ns = time.perf_counter_ns() - t0w
             if plan is None:
                 if self.ring.closed:
                     return
@@ -391,13 +388,8 @@ class _Stream(Producer):
     def _take_next(self, pass_: int) -> tuple[int, int, int]:
         """(slot, the ring's pass, wait_ns) for the next task in the ring's
         order; slot < 0 once the ring is closed."""
-        ring = self.ring
-        t0 = time.perf_counter_ns()
-        slot = ring.pop_free(self.wid)
-        if slot < 0:
-            return slot, pass_, 0
-        ring.claim_task(slot)
-        return slot, ring.pass_, time.perf_counter_ns() - t0
+        slot, _, wait_ns = self._take_slot()
+        return slot, (pass_ if slot < 0 else self.ring.pass_), wait_ns
 
     def _take_turn(self, pass_: int) -> tuple[int, int, int]:
         """(slot, pass, wait_ns) for this worker's next turn (fastq._core._turns);
