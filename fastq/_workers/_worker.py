@@ -6,11 +6,15 @@ configuration: fastq/_workers/_config.py."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
+from .._core._plan import PlanTable
 from .._core._ring import Ring
 from .._core._shm import Region
+from .._make._worker_info import WorkerInfo
 from ._config import WorkerConfig
-from ._worker_loops import First, producer_for
+from ._stream_loops import BatchStream, PackedStream, SampleStream
+from ._worker_loops import First, MapBatches, PlannedBatches, Producer
 from ._worker_setup import await_ring, set_up
 
 __all__ = ["worker_main"]
@@ -34,3 +38,21 @@ def worker_main(cfg: WorkerConfig) -> None:
         producer.report_and_stop(init_error)
         return
     producer.run(first)
+
+
+def producer_for(
+    ring: Ring, mapping: Any, cfg: WorkerConfig, info: WorkerInfo
+) -> Producer:
+    """The loop for the worker's kind of source."""
+    if cfg.plan is not None:
+        return PlannedBatches(ring, cfg, info, PlanTable(ring, mapping, cfg.plan))
+    kind: type[Producer]
+    if cfg.is_map:
+        kind = MapBatches
+    elif cfg.packed:
+        kind = PackedStream
+    elif cfg.stream_rows:
+        kind = SampleStream
+    else:
+        kind = BatchStream
+    return kind(ring, cfg, info)
