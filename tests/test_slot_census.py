@@ -182,9 +182,11 @@ def test_a_worker_killed_inside_a_queue_operation_gives_worker_died(
 ) -> None:
     """SIGKILL between a CAS and its cell release (or between a claim and
     its record): WorkerDied names the worker (and the batch lost with it),
-    within a second, never a RingError, a silent loss or a hang."""
+    within a second, never a RingError, a silent loss or a hang. The epochs
+    are long, so that on a busy machine, where worker 1 may start late, it
+    still reaches its n-th claim before worker 0 alone ends them."""
     with fastq.Prefetcher(
-        PatternDataset(400),
+        PatternDataset(4000),
         batch_size=2,
         workers=2,
         slots=3,
