@@ -1,7 +1,7 @@
-"""Builds the compiled modules from src_c/: fastq._ring (the ring, and the
-consumer's batch views over its slots), fastq._rows (the producer's copies
-into slots), fastq._mapping (a shared mapping at an address aligned to a
-huge page) and fastq._seeding (the per-batch seeds of a worker's global
+"""Builds the compiled modules from src_c/: fastq._core._ring (the ring, and the
+consumer's batch views over its slots), fastq._layout._rows (the producer's copies
+into slots), fastq._core._mapping (a shared mapping at an address aligned to a
+huge page) and fastq._make._seeding (the per-batch seeds of a worker's global
 generators)."""
 
 import numpy
@@ -11,7 +11,7 @@ from setuptools import Extension, setup
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra"]
 
 ring = Extension(
-    "fastq._ring",
+    "fastq._core._ring",
     sources=["src_c/_ring.pyx", "src_c/fq_ring.c"],
     include_dirs=["src_c", numpy.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
@@ -25,7 +25,7 @@ ring = Extension(
 )
 
 rows = Extension(
-    "fastq._rows",
+    "fastq._layout._rows",
     sources=["src_c/_rows.pyx"],
     include_dirs=["src_c", numpy.get_include()],
     depends=["src_c/fq_stream.h"],
@@ -34,13 +34,13 @@ rows = Extension(
 )
 
 mapping = Extension(
-    "fastq._mapping",
+    "fastq._core._mapping",
     sources=["src_c/_mapping.pyx"],
     extra_compile_args=CFLAGS,
 )
 
 seeding = Extension(
-    "fastq._seeding",
+    "fastq._make._seeding",
     sources=["src_c/_seeding.pyx"],
     extra_compile_args=CFLAGS,
 )

@@ -27,11 +27,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     python -c "import sys; print('python', sys.version.split()[0])"
     python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
     python -c "import torchvision; print('torchvision', torchvision.__version__)"
-    if ! python -c "import fastq._ring" 2>/dev/null; then
+    if ! python -c "import fastq._core._ring" 2>/dev/null; then
         echo "building fastq's extension in place"
         python setup.py build_ext --inplace -q
     fi
-    python -c "import fastq._ring, numpy, cloudpickle, pytest; print('fastq ready')"
+    python -c "import fastq._core._ring, numpy, cloudpickle, pytest; print('fastq ready')"
 } > "$out/machine-$gpu.txt" 2>&1
 
 timeout 240 python -m pytest -q -p no:cacheprovider tests/test_torch_cuda.py tests/test_dataloader_pinned.py \

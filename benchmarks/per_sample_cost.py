@@ -1,7 +1,7 @@
 """fastq's own cost per sample on the map-style path, beyond __getitem__.
 
 Drives, in one process, the function a worker runs per task of a map-style
-dataset (fastq._map_fill.MapFill.fill: the task's indices, the worker info
+dataset (fastq._make._map_fill.MapFill.fill: the task's indices, the worker info
 and per-batch seeds, then one row per sample) over a plain buffer laid out
 like a slot, against a loop that only calls ``__getitem__`` for the same
 indices. The dataset is the bench's own (fastq._bench.workloads
@@ -60,10 +60,10 @@ EPOCH_BATCHES = 64
 def _setup(shape: str, variant: str) -> Callable[[int], None]:
     """The variant's per-batch step: step(task) makes batch `task`."""
     from fastq._bench.workloads import WORKLOADS, ProducerConfig, SampleDataset
-    from fastq._map_fill import MapFill
-    from fastq._sampler import EpochSampler
-    from fastq._spec import BatchSpec
-    from fastq._worker_info import WorkerInfo
+    from fastq._layout._spec import BatchSpec
+    from fastq._make._map_fill import MapFill
+    from fastq._make._sampler import EpochSampler
+    from fastq._make._worker_info import WorkerInfo
 
     w = WORKLOADS[shape]
     dataset = SampleDataset(ProducerConfig(w), length=w.rows * EPOCH_BATCHES)

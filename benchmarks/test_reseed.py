@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from fastq._seeding import mix_seed, seed_python_and_numpy
+from fastq._make._seeding import mix_seed, seed_python_and_numpy
 
 _MASK64 = (1 << 64) - 1
 

@@ -1,11 +1,11 @@
 """fastq: feed a training loop from worker processes through a lock-free
 ring of preallocated shared-memory batch slots."""
 
-from ._jagged import Jagged, JaggedArray
-from ._prefetcher import Prefetcher
-from ._shared_arrays import shared_array
-from ._spec import BatchSpec
-from ._worker_info import WorkerInfo, get_worker_info
+from ._faces._prefetcher import Prefetcher
+from ._layout._jagged import Jagged, JaggedArray
+from ._layout._spec import BatchSpec
+from ._make._worker_info import WorkerInfo, get_worker_info
+from ._workers._shared_arrays import shared_array
 from .errors import (
     ConfigError,
     FastqError,

@@ -109,7 +109,7 @@ def worker0_late(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     import signal
     import threading
 
-    from fastq._pool import WorkerPool
+    from fastq._workers._pool import WorkerPool
 
     send_region = WorkerPool.send_region
     timers: list[threading.Timer] = []

@@ -14,8 +14,8 @@ import pytest
 from helpers import PatternDataset, SlowDataset, expected_batch
 
 import fastq
-import fastq._prefetcher
-from fastq._autotune import GAIN, HOLD_WINDOWS, SURPLUS_WINDOWS, Policy, Window
+import fastq._faces._prefetcher
+from fastq._loop._autotune import GAIN, HOLD_WINDOWS, SURPLUS_WINDOWS, Policy, Window
 
 
 def window(
@@ -182,7 +182,7 @@ def test_auto_runs_every_batch_once_in_order_and_reports() -> None:
                     assert np.array_equal(got, exp)
             assert k + 1 == n // rows
         tune = pf.stats()["autotune"]
-    assert tune["pool"] == pf.workers == fastq._prefetcher._cpus_per_rank()
+    assert tune["pool"] == pf.workers == fastq._faces._prefetcher._cpus_per_rank()
     assert 1 <= tune["workers"] <= tune["pool"]
     assert tune["decisions"][0]["why"] == f"started with 1 of {tune['pool']} workers"
 
@@ -190,7 +190,7 @@ def test_auto_runs_every_batch_once_in_order_and_reports() -> None:
 def test_a_starved_loop_gets_more_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers that sleep (I/O-bound) leave the CPUs idle while the loop
     waits: auto unparks more of them, and says why."""
-    monkeypatch.setattr(fastq._prefetcher, "cpu_budget", lambda: 4)
+    monkeypatch.setattr(fastq._faces._prefetcher, "cpu_budget", lambda: 4)
     with fastq.Prefetcher(
         SlowDataset(10_000, 0.004), batch_size=2, workers="auto", ordered=False
     ) as pf:
@@ -217,7 +217,7 @@ def test_a_fixed_count_reports_no_autotune() -> None:
 
 
 def test_a_parked_worker_that_dies_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fastq._prefetcher, "cpu_budget", lambda: 3)
+    monkeypatch.setattr(fastq._faces._prefetcher, "cpu_budget", lambda: 3)
     pf = fastq.Prefetcher(PatternDataset(400), batch_size=4, workers="auto")
     try:
         next(iter(pf))
@@ -235,7 +235,7 @@ def test_a_parked_worker_that_dies_is_reported(monkeypatch: pytest.MonkeyPatch) 
 def test_close_with_parked_workers_leaves_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(fastq._prefetcher, "cpu_budget", lambda: 4)
+    monkeypatch.setattr(fastq._faces._prefetcher, "cpu_budget", lambda: 4)
     pf = fastq.Prefetcher(PatternDataset(64), batch_size=4, workers="auto")
     next(iter(pf))
     pids = list(pf._pool.pids)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fastq._cursor import EpochCursor, EpochSpan, PassCursor
-from fastq._state import Resume, StreamResume
+from fastq._loop._cursor import EpochCursor, EpochSpan, PassCursor
+from fastq._make._state import Resume, StreamResume
 
 pytestmark = pytest.mark.timeout(60)
 

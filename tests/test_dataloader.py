@@ -560,7 +560,7 @@ def test_multiprocessing_context_as_name_or_object() -> None:
 def test_default_workers_share_the_cpus_among_local_ranks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from fastq._autotune import cpu_budget
+    from fastq._loop._autotune import cpu_budget
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert DataLoader(Mixed(1)).num_workers == max(1, cpu_budget() // 8 - 1)
@@ -574,10 +574,10 @@ def test_an_iterable_dataset_is_read_once_per_epoch_by_default(
     """With num_workers left out, an IterableDataset that does not shard
     itself (every worker would yield all of it) gets one worker, whatever
     the CPUs; a map-style dataset keeps CPUs - 1."""
-    import fastq._prefetcher
+    import fastq._faces._prefetcher
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    monkeypatch.setattr(fastq._prefetcher, "cpu_budget", lambda: 8)
+    monkeypatch.setattr(fastq._faces._prefetcher, "cpu_budget", lambda: 8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's: more workers than CPUs here
         assert DataLoader(Mixed(1)).num_workers == 7

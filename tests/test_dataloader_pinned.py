@@ -27,9 +27,9 @@ from torch_helpers.pinning import (  # noqa: E402
 )
 
 import fastq  # noqa: E402
-from fastq._engine import DEVICE_SLOTS  # noqa: E402
-from fastq._ring import FREE, READY  # noqa: E402
-from fastq.torch import DataLoader, _dataloader  # noqa: E402
+from fastq._core._ring import FREE, READY  # noqa: E402
+from fastq._loop._engine import DEVICE_SLOTS  # noqa: E402
+from fastq.torch import DataLoader, _loader_engine  # noqa: E402
 from fastq.torch._pinned import CudaRing  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
@@ -72,14 +72,14 @@ def on_fake_cuda(monkeypatch: pytest.MonkeyPatch) -> PinnedCuda:
     monkeypatch.setattr(
         torch.accelerator, "current_accelerator", lambda *a: torch.device("cuda")
     )
-    monkeypatch.setattr(_dataloader, "_page_locked_ring", cuda.ring)
+    monkeypatch.setattr(_loader_engine, "_page_locked_ring", cuda.ring)
 
     def pin_batch(batch: Any, device: Any = None) -> Any:
         assert device == "cuda"
         cuda.pinned.append(type(batch).__name__)
         return batch
 
-    monkeypatch.setattr(_dataloader, "pin_batch", pin_batch)
+    monkeypatch.setattr(_loader_engine, "pin_batch", pin_batch)
     return cuda
 
 
@@ -268,7 +268,7 @@ def test_a_workers_death_is_raised_even_if_unpinning_fails(
         ring.close = close
         return ring
 
-    monkeypatch.setattr(_dataloader, "_page_locked_ring", failing_ring)
+    monkeypatch.setattr(_loader_engine, "_page_locked_ring", failing_ring)
     loader = DataLoader(Rows(), batch_size=2, num_workers=1, pin_memory=True)
     it = iter(loader)
     next(it)

@@ -1,6 +1,6 @@
 """The Feed alone, without processes: a real ring on a private mapping of
 this process, a fake pool and a fake owner, with this thread playing the
-workers' side of the ring as fastq/_worker.py's producer does. Hand-out
+workers' side of the ring as fastq/_workers/_worker.py's producer does. Hand-out
 order, resumed epochs, a stream's passes, and each way a fetch fails."""
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ import numpy as np
 import pytest
 
 from fastq import _report
-from fastq._consumer import Feed
-from fastq._packing import PackedSpec
-from fastq._ring import (
+from fastq._core._ring import (
     NO_TASK,
     OWNER_WORKER,
     SLOT_BATCH,
@@ -30,10 +28,12 @@ from fastq._ring import (
     SlotLease,
     region_size,
 )
-from fastq._sampler import EpochSampler
-from fastq._shm import PAGE_SIZE
-from fastq._spec import BatchSpec
-from fastq._state import Resume, StreamResume
+from fastq._core._shm import PAGE_SIZE
+from fastq._layout._packing import PackedSpec
+from fastq._layout._spec import BatchSpec
+from fastq._loop._consumer import Feed
+from fastq._make._sampler import EpochSampler
+from fastq._make._state import Resume, StreamResume
 from fastq.errors import (
     FetchTimeout,
     PrefetcherClosed,

@@ -1,4 +1,4 @@
-"""The hand-shake before the ring (fastq/_handshake.py), both ends in one
+"""The hand-shake before the ring (fastq/_workers/_handshake.py), both ends in one
 process over a real duplex Pipe: every message survives pickling as what
 it is, the worker attempts a first item exactly when one is due and ends
 with the ring's descriptor, and each answer becomes the consumer's right
@@ -20,8 +20,12 @@ import numpy as np
 import pytest
 
 from fastq import _report
-from fastq._first_batch import receive_map_spec
-from fastq._handshake import (
+from fastq._core._plan import Plan, PlanLayout
+from fastq._faces._first_batch import receive_map_spec
+from fastq._layout._packing import PackedSpec
+from fastq._layout._spec import BatchSpec
+from fastq._make._worker_info import WorkerInfo
+from fastq._workers._handshake import (
     REPORT_LIMIT,
     FirstItemFailed,
     ProbeStream,
@@ -36,12 +40,8 @@ from fastq._handshake import (
     receive_answer,
     stream_spec,
 )
-from fastq._packing import PackedSpec
-from fastq._plan import Plan, PlanLayout
-from fastq._pool import WorkerPool
-from fastq._spec import BatchSpec
-from fastq._worker_info import WorkerInfo
-from fastq._worker_setup import NOTHING, await_ring
+from fastq._workers._pool import WorkerPool
+from fastq._workers._worker_setup import NOTHING, await_ring
 from fastq.errors import ConfigError, EmptySource, RingError, SpecError, WorkerError
 
 WAIT = 10.0  # seconds any step may take before the test fails
@@ -241,7 +241,7 @@ def test_the_answers_of_a_worker_end(pipe: tuple[Any, Any]) -> None:
 
 
 def stream_config(conn: Any, source: Any, rows: int = 0) -> Any:
-    """What fastq._worker_setup.await_ring reads of a WorkerConfig, for a
+    """What fastq._workers._worker_setup.await_ring reads of a WorkerConfig, for a
     stream source in worker 0 of 1."""
     return SimpleNamespace(
         channel=conn,

@@ -20,7 +20,7 @@ import pytest
 
 import fastq
 from fastq import _shm
-from fastq._mapping import AlignedMapping
+from fastq._core._mapping import AlignedMapping
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ import pytest
 from helpers import PatternDataset, SlowDataset
 
 import fastq
-from fastq._sampler import EpochSampler
+from fastq._make._sampler import EpochSampler
 
 pytestmark = pytest.mark.timeout(120)
 

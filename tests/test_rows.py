@@ -1,4 +1,4 @@
-"""The producer's copies into slot rows (fastq._rows) give exactly what the
+"""The producer's copies into slot rows (fastq._layout._rows) give exactly what the
 spec's checked Python path gives (check the leaf, then numpy assignment),
 on the memcpy fast paths and on every fallback: the same bytes for what the
 spec accepts, the same SpecError, naming the field, for what it refuses."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import fastq
-from fastq._rows import STREAM_BATCH_BYTES, RowWriter, copy_rows
-from fastq._spec import BatchSpec
+from fastq._layout._rows import STREAM_BATCH_BYTES, RowWriter, copy_rows
+from fastq._layout._spec import BatchSpec
 from fastq.errors import SpecError
 
 pytestmark = pytest.mark.timeout(60)

@@ -132,7 +132,7 @@ def test_unguarded_script_ends_naming_itself(
     size: int, batch: int, tmp_path: Path
 ) -> None:
     """It used to hang in multiprocessing's write of the worker's start
-    data (NOTE [ The pickle beside the pipe ] in fastq/_shared_arrays.py)."""
+    data (NOTE [ The pickle beside the pipe ] in fastq/_workers/_shared_arrays.py)."""
     script = tmp_path / "unguarded.py"
     script.write_text(UNGUARDED)
     done = _run(script, str(size), str(batch), timeout=100)

@@ -62,7 +62,7 @@ class ThreadsSource:
     def __call__(self):  # type: ignore[no-untyped-def]
         import ctypes
 
-        from fastq._threads import _loaded_pool_libraries
+        from fastq._workers._threads import _loaded_pool_libraries
 
         counts = []
         for path in _loaded_pool_libraries():

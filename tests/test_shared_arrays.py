@@ -13,7 +13,7 @@ import pytest
 from helpers import HoldsArrays, mapping_inode
 
 import fastq
-from fastq._shared_arrays import SHARE_AT_BYTES
+from fastq._workers._shared_arrays import SHARE_AT_BYTES
 
 PICKLING = [
     m

@@ -21,7 +21,7 @@ import pytest
 from helpers import PatternDataset, expected_batch, process_state
 
 import fastq
-from fastq._ring import LOCAL_NONE, OWNER_CONSUMER, inject_fault, region_size
+from fastq._core._ring import LOCAL_NONE, OWNER_CONSUMER, inject_fault, region_size
 from fastq.errors import RingError
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,7 +8,7 @@ import pytest
 from helpers import IMAGE_SHAPE, PatternDataset, WrongDtypeDataset, WrongShapeDataset
 
 import fastq
-from fastq._spec import BatchSpec
+from fastq._layout._spec import BatchSpec
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from .._prefetcher import _cpus_per_rank
+from .._faces._prefetcher import _cpus_per_rank
 from .measure import Options
 from .transports import AUTO, TRANSPORTS, Case
 from .workloads import WORKLOADS, Producer, ProducerConfig

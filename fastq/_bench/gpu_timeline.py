@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +22,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from .fresh import run_module
+from .train_loop import close_loader, epochs, repeat
 
 LOADERS = ("DataLoader", "fastq.torch.DataLoader", "TorchPrefetcher", "ceiling")
 
@@ -169,7 +171,7 @@ def measure(cfg: Config) -> Run:
         run.pinned = stats().get("pinned")
     run.host_bytes = gpu.host_bytes
     batches.close()
-    _close(loader)
+    close_loader(loader)
     return run
 
 
@@ -185,7 +187,7 @@ def _open(cfg: Config, dataset: Timed, device: Any) -> tuple[Any, Any]:
             torch.empty(cfg.batch_size, dtype=torch.int64, device="meta"),
             None,
         )
-        return None, _repeat(held)
+        return None, repeat(held)
     common: dict[str, Any] = {
         "batch_size": cfg.batch_size,
         "shuffle": True,
@@ -210,29 +212,7 @@ def _open(cfg: Config, dataset: Timed, device: Any) -> tuple[Any, Any]:
             pin_memory=True,
             **common,
         )
-    return loader, _epochs(loader)
-
-
-def _repeat(batch: Any) -> Any:
-    while True:
-        yield batch
-
-
-def _epochs(loader: Any) -> Any:
-    while True:
-        yield from loader
-
-
-def _close(loader: Any) -> None:
-    if loader is None:
-        return
-    close = getattr(loader, "close", None)
-    if close is not None:
-        close()
-        return
-    it = getattr(loader, "_iterator", None)
-    if it is not None:
-        it._shutdown_workers()
+    return loader, epochs(loader)
 
 
 # ------------------------------------------------------------ the case
@@ -253,25 +233,14 @@ def plan(models: Sequence[str]) -> list[Config]:
 
 
 def run_once(cfg: Config, timeout_s: float = 600.0) -> Run:
+    """One run in a fresh interpreter."""
+    answer, error = run_module("fastq._bench.gpu_timeline", asdict(cfg), timeout_s)
+    if error is not None:
+        return Run(cfg, error=error)
     try:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "fastq._bench.gpu_timeline",
-                json.dumps(asdict(cfg)),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-    except subprocess.TimeoutExpired:
-        return Run(cfg, error="timed out")
-    try:
-        return Run.from_json(json.loads(proc.stdout.strip().splitlines()[-1]))
-    except (IndexError, ValueError, TypeError, KeyError):
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return Run(cfg, error=f"exit {proc.returncode}: {tail}")
+        return Run.from_json(answer)
+    except (TypeError, KeyError) as exc:
+        return Run(cfg, error=f"unreadable answer: {exc!r}")
 
 
 def run_all(

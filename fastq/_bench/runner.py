@@ -13,12 +13,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
-from typing import Any
 
-from . import cases, gpu_timeline, procstat, report, torch_startup, train
-from .isolated import run_isolated
-from .measure import Budget, Options, Result, run
-from .transports import AUTO, FASTQ, PEERS, TRANSPORTS, Case
+from . import cases, procstat, report, torch_startup, train
+from .loop_sections import add_gpu_model, add_train
+from .measure import Budget, Options, Result
+from .session import Session
+from .transports import FASTQ, PEERS, TRANSPORTS, Case
 from .workloads import DEFAULT_WORKLOAD, SHAPES, WORKLOADS
 
 SECTIONS = (
@@ -199,82 +199,6 @@ def _expand(
     return out
 
 
-class _Session:
-    """Runs cases one after another with a progress line each."""
-
-    def __init__(self, args: argparse.Namespace, budget: Budget, total: int) -> None:
-        self.budget = budget
-        self.in_process = bool(args.in_process)
-        self.repeat = max(1, int(args.repeat))
-        self.quiet = float(args.quiet)
-        self.total = total
-        self.done = 0
-        self.records: list[dict[str, Any]] = []
-        self.skipped: set[str] = set()
-
-    def run(
-        self,
-        section: str,
-        case: Case,
-        options: Options | None = None,
-        budget: Budget | None = None,
-    ) -> Result:
-        options = options or Options()
-        budget = budget or self.budget
-        self.done += 1
-        t = TRANSPORTS[case.transport]
-        print(
-            f"[{self.done:3}/{self.total}] {section:10} {case.workload:8} "
-            f"w={'auto' if case.transport == AUTO else case.workers} {t.label:28}",
-            end=" ",
-            flush=True,
-            file=sys.stderr,
-        )
-        missing = t.missing()
-        if missing:
-            result = run(case, budget, options)  # records the reason only
-            self.skipped.add(missing)
-        else:
-            # Start-up runs are repeated as cases of their own: one run each.
-            runs = [
-                self._once(case, budget, options)
-                for _ in range(1 if options.first_only else self.repeat)
-            ]
-            ok = sorted((r for r in runs if not r.error), key=lambda r: r.batches_per_s)
-            result = ok[len(ok) // 2] if ok else runs[0]
-            result.repeats = [r.batches_per_s for r in ok]
-        print(_progress(result), file=sys.stderr, flush=True)
-        self.records.append({"section": section, **result.to_json()})
-        return result
-
-    def _once(self, case: Case, budget: Budget, options: Options) -> Result:
-        busy = procstat.wait_for_quiet(self.quiet) if self.quiet > 0 else None
-        if self.in_process and options.spin_us is None:
-            result = run(case, budget, options)
-        else:
-            result = run_isolated(case, budget, options)
-        result.busy_before = busy
-        return result
-
-
-def _progress(r: Result) -> str:
-    if r.error:
-        return r.error.split(": ", 1)[-1]
-    if not r.batches:
-        return f"first batch {r.first_batch_s:.3f} s"
-    text = (
-        f"{r.batches_per_s:10.1f} batches/s {r.gb_per_s:7.2f} GB/s  "
-        f"first batch {r.first_batch_s:.2f} s"
-    )
-    if r.latency_us:
-        text += f"  latency p50 {r.latency_us['p50']:.1f} us"
-    if len(r.repeats) > 1:
-        text += f"  (median of {len(r.repeats)} runs)"
-    if r.busy_before is not None:
-        text += f"  [machine {100 * r.busy_before:.0f}% busy before]"
-    return text
-
-
 def _load() -> str:
     one, five, _ = os.getloadavg()
     return f"{one:.2f} (1 min), {five:.2f} (5 min)"
@@ -298,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("python -m fastq bench: --workers and --slots must be >= 1")
     budget = Budget(args.seconds, args.warmup, args.blocks)
 
-    plan: list[tuple[str, Callable[[_Session], None]]] = []
+    plan: list[tuple[str, Callable[[Session], None]]] = []
     results: dict[str, list[Result]] = {s: [] for s in SECTIONS}
     text: list[str] = []
 
@@ -306,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         section: str,
         jobs: Sequence[tuple[Case, Options | None, Budget | None]],
         render: Callable[[list[Result]], None],
-        before: Callable[[_Session], None] | None = None,
+        before: Callable[[Session], None] | None = None,
     ) -> None:
-        def go(session: _Session) -> None:
+        def go(session: Session) -> None:
             if before is not None:
                 before(session)
             out = [session.run(section, c, o, b) for c, o, b in jobs]
@@ -323,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         measured against workers x this process's own batch rate."""
         ideal: dict[int, float] = {}
 
-        def measure_ideal(session: _Session) -> None:
+        def measure_ideal(session: Session) -> None:
             if session.quiet > 0:
                 procstat.wait_for_quiet(session.quiet)
             ideal.update(cases.compute_ideal(workers, section))
@@ -423,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         torch_workers = args.workers or list(torch_startup.WORKERS)
         torch_repeats = args.repeat if args.repeat > 1 else torch_startup.REPEATS
 
-        def torch_runs(session: _Session) -> None:
+        def torch_runs(session: Session) -> None:
             if importlib.util.find_spec("torch") is None:
                 session.skipped.add("torch-startup: skipped, torch is not installed")
                 return
@@ -485,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             f"median of {budget.blocks} blocks; {where}"
         )
     print(flush=True)
-    session = _Session(args, budget, sum(counts))
+    session = Session(args, budget, sum(counts))
     t0 = time.perf_counter()
     for _, go in plan:
         go(session)
@@ -511,90 +435,3 @@ def main(argv: list[str] | None = None) -> int:
         why = report.plot(results["throughput"], args.plot)
         print(why or f"wrote {args.plot}")
     return 0
-
-
-def add_train(
-    args: argparse.Namespace,
-    plan: list[tuple[str, Callable[[_Session], None]]],
-    counts: list[int],
-    text: list[str],
-) -> None:
-    """Plans `--case train`: refuses options that cannot be before anything
-    runs; skips it, saying why, where a package it needs is missing."""
-    why = train.missing()
-    if why is not None:
-        plan.append(("train", lambda session: session.skipped.add(why)))
-        counts.append(0)
-        return
-    try:
-        configs = train.plan_from(args)
-    except ValueError as exc:
-        raise SystemExit(f"python -m fastq bench --case train: {exc}") from None
-    repeats = max(1, int(args.repeat))
-
-    def train_runs(session: _Session) -> None:
-        from .train_data import make_files
-
-        first = configs[0]
-        print(
-            f"train: {first.images} JPEG files for {first.image_size}-pixel "
-            f"crops in {first.data}",
-            file=sys.stderr,
-            flush=True,
-        )
-        make_files(first.data, first.images, first.image_size)
-
-        def progress(r: train.Run) -> None:
-            session.done += 1
-            print(
-                f"[{session.done:3}/{session.total}] train {train.describe(r)}",
-                file=sys.stderr,
-                flush=True,
-            )
-            session.records.append({"section": "train", **asdict(r)})
-
-        def quiet() -> None:
-            if session.quiet > 0:
-                procstat.wait_for_quiet(session.quiet)
-
-        runs = train.run_all(configs, repeats, progress, quiet)
-        text.append(f"{train.software(first.device)}. {train.INTRO}\n")
-        text.append(train.table(runs, repeats) + "\n")
-
-    plan.append(("train", train_runs))
-    counts.append(len(configs) * repeats)
-
-
-def add_gpu_model(
-    args: argparse.Namespace,
-    plan: list[tuple[str, Callable[[_Session], None]]],
-    counts: list[int],
-    text: list[str],
-) -> None:
-    """Plans `--case gpu-model`; skips it, saying why, without torch."""
-    if importlib.util.find_spec("torch") is None:
-        plan.append(
-            ("gpu-model", lambda s: s.skipped.add("gpu-model: torch is not installed"))
-        )
-        counts.append(0)
-        return
-    configs = gpu_timeline.plan(tuple(gpu_timeline.SHAPES))
-    repeats = max(1, int(args.repeat))
-
-    def model_runs(session: _Session) -> None:
-        def progress(r: gpu_timeline.Run) -> None:
-            session.done += 1
-            print(
-                f"[{session.done:3}/{session.total}] gpu-model "
-                f"{gpu_timeline.describe(r)}",
-                file=sys.stderr,
-                flush=True,
-            )
-            session.records.append({"section": "gpu-model", **asdict(r)})
-
-        runs = gpu_timeline.run_all(configs, repeats, progress)
-        text.append(gpu_timeline.INTRO.format(repeats=repeats) + "\n")
-        text.append(gpu_timeline.table(runs) + "\n")
-
-    plan.append(("gpu-model", model_runs))
-    counts.append(len(configs) * repeats)

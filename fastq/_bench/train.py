@@ -14,15 +14,13 @@ import argparse
 import contextlib
 import importlib.metadata
 import importlib.util
-import json
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
-from .._prefetcher import _cpus_per_rank, default_workers
+from .._faces._prefetcher import _cpus_per_rank, default_workers
 
 # Re-exported: the runner reads them here.
+from .fresh import run_module
 from .train_loop import LOADERS as LOADERS
 from .train_loop import PSS_INTERVAL_S
 from .train_loop import Config as Config
@@ -282,20 +280,13 @@ def plan(
 
 def run_once(cfg: Config) -> Run:
     """One run in a fresh interpreter."""
+    answer, error = run_module("fastq._bench.train_loop", asdict(cfg), _TIMEOUT_S)
+    if error is not None:
+        return Run(cfg, error=error)
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "fastq._bench.train_loop", json.dumps(asdict(cfg))],
-            capture_output=True,
-            text=True,
-            timeout=_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        return Run(cfg, error="timed out")
-    try:
-        return Run.from_json(json.loads(proc.stdout.strip().splitlines()[-1]))
-    except (IndexError, ValueError, TypeError, KeyError):
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return Run(cfg, error=f"exit {proc.returncode}: {tail}")
+        return Run.from_json(answer)
+    except (TypeError, KeyError) as exc:
+        return Run(cfg, error=f"unreadable answer: {exc!r}")
 
 
 def run_all(

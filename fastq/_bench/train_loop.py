@@ -130,7 +130,7 @@ def measure(cfg: Config) -> Run:
     elapsed = time.perf_counter() - start
     run.peak_pss = pss.stop()
     batches.close()
-    _close(loader)
+    close_loader(loader)
     run.images_per_s = cfg.steps * cfg.batch_size / elapsed
     run.wait_share = waited / elapsed
     run.loop_cpu_ms = cpu / cfg.steps * 1e3
@@ -164,7 +164,7 @@ def _open(
             torch.stack([torch.as_tensor(s[k]) for s in samples]).to(device)
             for k in range(3)
         )
-        return None, _repeat(held)
+        return None, repeat(held)
     common: dict[str, Any] = {
         "batch_size": cfg.batch_size,
         "shuffle": True,
@@ -191,22 +191,22 @@ def _open(
         loader = cls(
             dataset, num_workers=cfg.workers, persistent_workers=True, **common
         )
-    return loader, _epochs(loader)
+    return loader, epochs(loader)
 
 
-def _repeat(batch: Any) -> Generator[Any, None, None]:
+def repeat(batch: Any) -> Generator[Any, None, None]:
     while True:
         yield batch
 
 
-def _epochs(loader: Any) -> Generator[Any, None, None]:
+def epochs(loader: Any) -> Generator[Any, None, None]:
     # A new epoch's first batch is waited for inside next(), as in a loop
     # that runs `for epoch ...: for batch in loader`.
     while True:
         yield from loader
 
 
-def _close(loader: Any) -> None:
+def close_loader(loader: Any) -> None:
     if loader is None:
         return
     close = getattr(loader, "close", None)

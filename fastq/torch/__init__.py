@@ -14,9 +14,10 @@ except ImportError as exc:  # pragma: no cover - exercised without torch only
         "pip install 'fastq[torch]' (or pip install torch)"
     ) from exc
 
-from ._dataloader import DataLoader, DataLoaderTimeout
+from ._dataloader import DataLoader
 from ._install import install, is_installed, uninstall
 from ._iterable import IterableDataset
+from ._loader_iterator import DataLoaderTimeout
 from ._prefetcher import TorchPrefetcher
 
 __all__ = [

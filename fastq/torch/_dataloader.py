@@ -15,24 +15,25 @@ over the slot, without a copy, a pickle of its arrays, or a file descriptor.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
-import os
-import sys
-import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
 import torch.utils.data
-from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
-from .._arguments import as_int, positive_int
-from .._planned import PlannedLoader
-from .._pool import get_context
-from .._prefetcher import default_workers
+from .._faces._arguments import as_int, positive_int
+from .._faces._planned import PlannedLoader
+from .._faces._prefetcher import default_workers
 from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
+from ._loader_engine import new_engine, warn_as_dataloader_pins
+from ._loader_iterator import (
+    DataLoaderTimeout,
+    LoaderIterator,
+    as_dataloader_timeout,
+    with_own_type,
+)
 from ._loader_state import (
     MAP_STYLE,
     check_stateful,
@@ -41,8 +42,6 @@ from ._loader_state import (
     replay_sampler,
     saved_state,
 )
-from ._pinned import CudaRing
-from ._worker_side import IterableSource, MapSource
 
 __all__ = ["DataLoader", "DataLoaderTimeout"]
 
@@ -51,9 +50,14 @@ __all__ = ["DataLoader", "DataLoaderTimeout"]
 _T_co = TypeVar("_T_co", covariant=True)
 
 
-class DataLoaderTimeout(FetchTimeout, RuntimeError):
-    """No batch within ``timeout`` seconds: a FetchTimeout that is also the
-    RuntimeError DataLoader raises."""
+def _not_routed(loader: DataLoader[Any]) -> None:
+    pass
+
+
+# What reading _is_accelerate_prepared does: set to `adopt` by
+# fastq/torch/_install.py, which builds on this module (fastq.torch imports
+# both), so that accelerate's rebuilt loader runs on fastq's workers.
+on_accelerate_prepare: Callable[[DataLoader[Any]], None] = _not_routed
 
 
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
@@ -136,7 +140,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # The current epoch's loop, weakly: the loop refers to this loader,
         # and a cycle would keep both (and the workers) alive after the
         # loop is dropped, until a garbage-collector pass.
-        self._live: weakref.ref[_LoaderIterator] | None = None
+        self._live: weakref.ref[LoaderIterator] | None = None
         super().__init__(
             dataset,
             batch_size,
@@ -207,7 +211,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return super().__iter__()
         if self.pin_memory and not self._warned_pin:
             self._warned_pin = True
-            _warn_as_dataloader_pins(self.pin_memory_device)
+            warn_as_dataloader_pins(self.pin_memory_device)
         epoch = self._next_epoch()
         engine = self._engine
         if engine is not None and (
@@ -233,8 +237,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             if engine is None:
                 engine = self._start(None, epoch)
                 if engine is None:
-                    return self._register(_LoaderIterator(self, iter(())))
-            return self._register(_LoaderIterator(self, iter(engine)))
+                    return self._register(LoaderIterator(self, iter(())))
+            return self._register(LoaderIterator(self, iter(engine)))
         rng = generator.get_state()  # as the sampler starts to draw
         skip = 0 if resume is None else int(resume["batches_done"])
         batches = iter(self._index_sampler)
@@ -254,10 +258,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def _loop(
         self, it: Iterator[Any], epoch: int, done: int, rng: torch.Tensor
-    ) -> _LoaderIterator:
-        return self._register(_LoaderIterator(self, it, epoch, done, self._seed, rng))
+    ) -> LoaderIterator:
+        return self._register(LoaderIterator(self, it, epoch, done, self._seed, rng))
 
-    def _register(self, live: _LoaderIterator) -> _LoaderIterator:
+    def _register(self, live: LoaderIterator) -> LoaderIterator:
         """Makes ``live`` the current loop (the one state_dict() reads, and
         the one whose drop stops transient workers)."""
         self._live = weakref.ref(live)
@@ -307,7 +311,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self._seed, self._seed_from_state = None, False
         self.set_epoch(state["epoch"] + 1)
 
-    def _current_loop(self) -> _LoaderIterator | None:
+    def _current_loop(self) -> LoaderIterator | None:
         return None if self._live is None else self._live()
 
     def _draw_seed(self) -> None:
@@ -331,15 +335,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """Starts the workers (at the first iter(), never at construction).
         None for an iterable dataset with nothing in it."""
         try:
-            engine = _new_engine(self, batches, epoch, first_batch)
+            engine = new_engine(self, batches, epoch, first_batch)
         except EmptySource:
             if batches is None:
                 return None  # an iterable dataset with nothing in it
             raise
         except WorkerError as exc:
-            raise _with_own_type(exc) from None
+            raise with_own_type(exc) from None
         except FetchTimeout as exc:
-            raise _as_dataloader_timeout(exc) from None
+            raise as_dataloader_timeout(exc) from None
         self._engine = engine
         return engine
 
@@ -370,9 +374,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     # makes that rebuilt loader run on fastq's workers (fastq/torch/_install.py).
     @property
     def _is_accelerate_prepared(self) -> bool:
-        from ._install import adopt  # _install imports this module
-
-        adopt(self)
+        on_accelerate_prepare(self)
         return bool(self.__dict__.get("_accelerate_prepared", False))
 
     @_is_accelerate_prepared.setter
@@ -384,124 +386,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if engine is not None:
             with contextlib.suppress(Exception):
                 engine.close()
-
-
-class _LoaderIterator:
-    """The iterator a DataLoader hands out: the engine's epoch, with a
-    worker's exception raised as its own type and a timeout as
-    DataLoader's. It keeps the epoch's place for state_dict(): the batches
-    delivered (a failed one included, as it is gone), the base seed and
-    the sampler generator's state as the epoch began."""
-
-    __slots__ = (
-        "__weakref__",
-        "_begun",
-        "_handed",
-        "_it",
-        "_loader",
-        "done",
-        "epoch",
-        "in_epoch",
-        "rng",
-        "seed",
-        "superseded",
-    )
-
-    def __init__(
-        self,
-        loader: DataLoader[Any],
-        it: Iterator[Any],
-        epoch: int = 0,
-        done: int = 0,
-        seed: int | None = None,
-        rng: Any = None,
-    ) -> None:
-        self._loader = loader
-        self._it = it
-        self._begun = False
-        self._handed = 0
-        self.epoch = epoch
-        self.done = done
-        self.seed = seed
-        self.rng = rng
-        self.in_epoch = True
-        self.superseded = False  # a state was loaded while it ran
-
-    def __iter__(self) -> _LoaderIterator:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __reduce__(self) -> Any:
-        raise TypeError(
-            "a fastq.torch.DataLoader's iterator cannot be pickled: it holds "
-            "the running workers of one epoch (torch's cannot be pickled "
-            "either); pickle the DataLoader, whose copy starts its own workers"
-        )
-
-    def __next__(self) -> Any:
-        if self.superseded:
-            raise ConfigError(
-                "load_state_dict() was called after this loop began; call "
-                "iter() again (a new for loop) to resume from the state"
-            )
-        try:
-            batch = next(self._it)
-        except StopIteration:
-            self.in_epoch = False
-            self._end()
-            raise
-        except WorkerError as exc:
-            self.done += 1
-            self._mark_begun()
-            raise _with_own_type(exc) from None
-        except FetchTimeout as exc:
-            raise _as_dataloader_timeout(exc) from None
-        self._handed += 1
-        self.done += 1
-        loader = self._loader
-        reported = loader._IterableDataset_len_called
-        if reported is not None and self._handed > reported:
-            warnings.warn(  # at every batch past it, as DataLoader does
-                f"Length of IterableDataset {loader.dataset} was reported to be "
-                f"{reported} (when accessing len(dataloader)), but "
-                f"{self._handed} samples have been fetched. Its __len__ is "
-                "wrong for this number of workers: shard it with "
-                "get_worker_info() or fix __len__",
-                UserWarning,
-                stacklevel=2,
-            )
-        if self._handed == 2:
-            # Past a peek (`next(iter(loader))`): this epoch is used up.
-            self._mark_begun()
-        return batch
-
-    def __del__(self) -> None:
-        # DataLoader's iterator shuts its workers down when it is dropped,
-        # without persistent_workers: so does the current loop (an older
-        # one's workers are already gone, or belong to a newer loop). A
-        # weak reference to a dying object still answers in its __del__.
-        loader = self._loader
-        if (
-            self.in_epoch
-            and not loader.persistent_workers
-            and loader._current_loop() is self
-        ):
-            with contextlib.suppress(Exception):
-                loader.close()
-
-    def _mark_begun(self) -> None:
-        if not self._begun:
-            self._begun = True
-            self._loader._epoch_begun()
-
-    def _end(self) -> None:
-        loader = self._loader
-        if not self._begun:
-            self._mark_begun()  # an empty epoch is an epoch too
-        if not loader.persistent_workers:
-            loader.close()
 
 
 def _samplers(loader: DataLoader[Any]) -> list[Any]:
@@ -528,166 +412,3 @@ def _workers(dataset: Any, num_workers: Any) -> int:
             "in this process), or None for fastq's default"
         )
     return count
-
-
-def _new_engine(
-    loader: DataLoader[Any],
-    batches: Iterator[Any] | None,
-    epoch: int,
-    first_batch: int,
-) -> PlannedLoader:
-    """The engine of DataLoader's arguments: a map-style dataset's batches
-    from `batches` (planned indices), else the iterable dataset's own."""
-    assert loader._seed is not None
-    collate = loader.collate_fn
-    if batches is not None:
-        source: Any = MapSource(loader.dataset, collate, loader._auto_collation)
-    else:
-        source = IterableSource(
-            loader.dataset,
-            collate,
-            loader.batch_size if loader._auto_collation else None,
-            loader.drop_last,
-        )
-    workers = loader.num_workers
-    prefetch = loader.prefetch_factor or 2
-    convert, pinning = _pinning(loader)
-    rank, world_size = _rank_and_world_size()
-    return PlannedLoader(
-        source,
-        ctx=_context(loader.multiprocessing_context),
-        workers=workers,
-        slots=loader.slots or max(4, prefetch * workers),
-        seed=loader._seed,
-        first=batches,
-        epoch=epoch,
-        max_rows=loader.max_batch_size or (loader.batch_size or 1),
-        ordered=loader.in_order,
-        timeout=float(loader.timeout) if loader.timeout > 0 else None,
-        worker_init=loader.worker_init_fn,
-        worker_threads=loader.worker_threads,
-        slot_bytes=loader.slot_bytes,
-        rank=rank,
-        world_size=world_size,
-        convert=convert,
-        pinning=pinning,
-        first_batch=first_batch,
-    )
-
-
-def _context(multiprocessing_context: Any) -> Any:
-    """fastq's context for DataLoader's multiprocessing_context (None, a
-    start method's name, or a context object)."""
-    if multiprocessing_context is None:
-        return get_context(None)
-    if isinstance(multiprocessing_context, str):
-        return get_context(multiprocessing_context)
-    return get_context(multiprocessing_context.get_start_method())
-
-
-def _warn_as_dataloader_pins(pin_memory_device: str) -> None:
-    """DataLoader's warnings for pin_memory=True: its pin_memory_device is
-    deprecated (the current accelerator's is used), and there may be no
-    accelerator to pin for."""
-    if pin_memory_device:
-        warnings.warn(
-            "pin_memory_device is deprecated, the current accelerator will be "
-            f"used as the device, ignore pin_memory_device='{pin_memory_device}'.",
-            stacklevel=3,
-        )
-    if not torch.accelerator.is_available():
-        warnings.warn(
-            "pin_memory=True, but no accelerator is available: batches are "
-            "not pinned (as DataLoader does here)",
-            UserWarning,
-            stacklevel=3,
-        )
-
-
-def _pinning(loader: DataLoader[Any]) -> tuple[Any, Any]:
-    """(convert, pinning) for the engine, as DataLoader pins: for the
-    current accelerator, nothing where there is none (or MPS). On CUDA the
-    ring is page-locked once (fastq/torch/_pinned.py), so that its tensors
-    are pinned as they are; torch's pin_memory then returns them untouched
-    and pins the rest as DataLoader would (tensors rebuilt from pickles, a
-    custom batch's own pin_memory())."""
-    device = _pin_device(loader)
-    if device is None:
-        return None, None
-    convert = functools.partial(pin_batch, device=device)
-    if device != "cuda":
-        return convert, None  # copied into page-locked memory, as torch does
-    return convert, _page_locked_ring
-
-
-def _pin_device(loader: DataLoader[Any]) -> str | None:
-    if not loader.pin_memory or not torch.accelerator.is_available():
-        return None
-    accelerator = torch.accelerator.current_accelerator()
-    if accelerator is None or accelerator.type == "mps":
-        return None  # DataLoader does not pin for MPS either
-    return str(accelerator.type)
-
-
-def _page_locked_ring() -> CudaRing:
-    """Made once the ring exists (its workers started), on the current
-    device; page-locked off the first batch's path."""
-    return CudaRing(
-        torch.device("cuda", torch.cuda.current_device()), False, register_later=True
-    )
-
-
-def _rank_and_world_size() -> tuple[int, int]:
-    """For get_worker_info() only: DataLoader does not shard, its sampler
-    does (DistributedSampler), so fastq.torch.DataLoader does not either."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    try:
-        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 0, 1
-
-
-def _with_own_type(error: WorkerError) -> BaseException:
-    """A worker's exception as its own type (a KeyError stays catchable as
-    KeyError), carrying where it happened; WorkerError when it could not be
-    rebuilt here."""
-    original = error.__cause__
-    if not isinstance(original, Exception):
-        return error
-    where = (
-        f"raised in fastq worker {error.worker} while producing batch "
-        f"{error.task}" + ("" if error.sample is None else f", sample {error.sample!r}")
-    )
-    note = f"{where}. Remote traceback:\n{error.remote_traceback}"
-    if hasattr(original, "add_note"):
-        original.add_note(note)
-        # Raised in its place, with `error` as its context: no cycle back,
-        # which would keep error's frames (and a batch's slot) until a
-        # garbage-collector pass.
-        error.__cause__ = None
-        out = original
-    else:
-        try:  # before Python 3.11: the note goes into the message, as DataLoader's
-            out = type(original)(f"{original}\n{note}")
-        except Exception:
-            return error
-    for name, value in (
-        ("fastq_worker", error.worker),
-        ("fastq_task", error.task),
-        ("fastq_sample", error.sample),
-        ("fastq_remote_traceback", error.remote_traceback),
-        # WorkerError's name for it, so code written for either reads it.
-        ("remote_traceback", error.remote_traceback),
-    ):
-        with contextlib.suppress(AttributeError, TypeError):
-            setattr(out, name, value)
-    return out
-
-
-def _as_dataloader_timeout(error: FetchTimeout) -> DataLoaderTimeout:
-    out = DataLoaderTimeout(
-        f"DataLoader timed out: {error}", worker=error.worker, task=error.task
-    )
-    return out

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch.utils.data
 
+from . import _dataloader
 from ._dataloader import DataLoader
 
 __all__ = ["install", "is_installed", "uninstall"]
@@ -262,3 +263,6 @@ class _Routed:
             "pickled either); pickle the DataLoader before its first epoch, or "
             "without persistent_workers, where the copy starts its own workers"
         )
+
+
+_dataloader.on_accelerate_prepare = adopt

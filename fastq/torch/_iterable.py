@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from .._arguments import resolve_ranks
+from .._faces._arguments import resolve_ranks
 from ..errors import ConfigError
 from ._prefetcher import TorchPrefetcher, _bind_prefetcher_args, _resolve_device
 

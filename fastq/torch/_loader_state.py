@@ -4,14 +4,12 @@ state_dict() gives, and what load_state_dict() checks and replays of one."""
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from ._dataloader import DataLoader
 
 MAP_STYLE = 0  # torch's _DatasetKind.Map
 STATE_FORMAT = "fastq.torch.DataLoader/1"

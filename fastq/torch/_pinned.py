@@ -42,7 +42,7 @@ def _slot_owner(leaf: np.ndarray[Any, Any]) -> Any:
 # passes it, so a worker can fill it again at once. The event waits for all
 # the work queued by then, a step or more when the loop runs ahead: the
 # engine gives a pinned ring DEVICE_SLOTS slots beyond the workers' window
-# for those (fastq/_engine.py), so they do not shrink it.
+# for those (fastq/_loop/_engine.py), so they do not shrink it.
 
 
 class CudaRing:

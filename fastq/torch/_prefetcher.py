@@ -11,10 +11,10 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from .._engine import Engine, PlainBatches
-from .._jagged import Jagged, JaggedArray
-from .._prefetcher import Prefetcher
-from .._spec import BatchSpec
+from .._faces._prefetcher import Prefetcher
+from .._layout._jagged import Jagged, JaggedArray
+from .._layout._spec import BatchSpec
+from .._loop._engine import Engine, PlainBatches
 from ..errors import ConfigError, SpecError
 from ._pinned import CudaRing
 
@@ -197,7 +197,7 @@ class TorchPrefetcher(Prefetcher):
 
     def _cuda_ring(self) -> CudaRing:
         """Made as the feed opens, once the workers have started (NOTE [ The
-        ring is pinned after its workers start ] in fastq/_engine.py)."""
+        ring is pinned after its workers start ] in fastq/_loop/_engine.py)."""
         dev = self.device
         if dev is None or dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())

@@ -15,8 +15,8 @@ import torch.utils.data
 import torch.utils.data._utils.collate as torch_collate
 import torch.utils.data._utils.worker as torch_worker
 
-from .._packing import NDARRAY, Arena, Codec, LeafKind
-from .._worker_info import WorkerInfo
+from .._layout._packing import NDARRAY, Arena, Codec, LeafKind
+from .._make._worker_info import WorkerInfo
 
 # --------------------------------------------------------------- tensors
 

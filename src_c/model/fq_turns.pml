@@ -1,7 +1,7 @@
 /*
  * fq_turns.pml: a model of turns (src_c/fq_ring.h, "Turns"; the consumer's
- * side is fastq/_turns.py, the workers' Producer._take_turn in
- * fastq/_worker.py) for spin.
+ * side is fastq/_core/_turns.py, the workers' _Stream._take_turn in
+ * fastq/_workers/_stream_loops.py) for spin.
  *
  * What is modelled: 2 workers whose streams hold LEN0 and LEN1 items, a
  * ring of NSLOTS slots, and the consumer with its user, who keeps at most

@@ -1,0 +1,323 @@
+"""A Prefetcher's place (in a map-style source's task stream, or in each
+worker's stream of a stream source), as a small JSON-serialisable dict, and
+the checks that a saved one fits the Prefetcher it is loaded into.
+
+The order of batches and every batch's randomness are functions of (seed,
+epoch, batch), never of the worker, so a place is enough to resume: the
+epoch, and the batches of it already delivered (a prefix in ordered mode;
+a set in unordered mode). The number of workers does not matter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from ._sampler import EpochSampler, Reshard, shard_sizes
+
+FORMAT = "fastq.Prefetcher/1"
+
+# What must match between the saved state and the Prefetcher loading it, and
+# how to make it match.
+_MUST_MATCH = {
+    "samples": "the dataset's len(); this state is of another dataset",
+    "batch_size": "pass the batch_size the state was saved with",
+    "shuffle": "pass the shuffle the state was saved with",
+    "drop_last": "pass the drop_last the state was saved with",
+}
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a loaded state resumes: batch ``first`` of ``epoch`` (its
+    number in the epoch), dropping the batches in ``skip`` (unordered mode:
+    delivered before), with the epoch resharded if the state was saved on
+    another number of ranks."""
+
+    epoch: int
+    first: int
+    skip: frozenset[int]
+    reshard: Reshard | None
+
+
+def make_state(
+    sampler: EpochSampler,
+    *,
+    epoch: int,
+    done: int,
+    delivered: list[int] | None,
+) -> dict[str, Any]:
+    """The state of a stream at batch ``done`` of ``epoch`` (ordered), or
+    with the batches ``delivered`` of it handed out (unordered)."""
+    reshard = sampler.reshard
+    return {
+        "format": FORMAT,
+        "seed": sampler.seed,
+        "epoch": epoch,
+        "batches_done": done,
+        "delivered": delivered,
+        "samples": sampler.n,
+        "batch_size": sampler.batch_size,
+        "shuffle": sampler.shuffle,
+        "drop_last": sampler.drop_last,
+        "world_size": sampler.world_size,
+        "rank": sampler.rank,
+        "reshard": (
+            [list(step) for step in reshard.steps]
+            if reshard is not None and reshard.epoch == epoch
+            else None
+        ),
+    }
+
+
+def check_state(state: Any, sampler: EpochSampler) -> Resume:
+    """Where a saved state resumes in ``sampler``'s stream, after checking
+    it was saved by a Prefetcher over the same stream. A state saved on
+    another world size reshards the rest of its epoch across this one's."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ConfigError(
+            f"state: expected a dict from Prefetcher.state_dict() (format "
+            f"{FORMAT!r}), got {got!r}; pass what state_dict() returned"
+        )
+    mine = make_state(sampler, epoch=0, done=0, delivered=None)
+    if state.get("seed") != mine["seed"]:
+        raise ConfigError(
+            f"state['seed']={state.get('seed')!r}, but this Prefetcher has "
+            f"seed={mine['seed']!r}: the order and randomness come from the "
+            "seed. Create the Prefetcher with state=... (it takes the seed "
+            "from the state) or with seed=state['seed']"
+        )
+    for key, fix in _MUST_MATCH.items():
+        if state.get(key) != mine[key]:
+            raise ConfigError(
+                f"state[{key!r}]={state.get(key)!r}, but this Prefetcher has "
+                f"{key}={mine[key]!r}: {fix}"
+            )
+    saved = EpochSampler(
+        sampler.n,
+        sampler.batch_size,
+        shuffle=sampler.shuffle,
+        seed=sampler.seed,
+        drop_last=sampler.drop_last,
+        rank=_rank(state),
+        world_size=_world_size(state),
+    )
+    epoch, done = state.get("epoch"), state.get("batches_done")
+    if not isinstance(epoch, int) or epoch < 0:
+        raise ConfigError(f"state['epoch']={epoch!r}: expected an int >= 0")
+    saved.reshard = _reshard(state, epoch)
+    first, per_epoch = saved.first_batch(epoch), saved.batches_per_epoch
+    if not isinstance(done, int) or not first <= done <= per_epoch:
+        raise ConfigError(
+            f"state['batches_done']={done!r}: expected an int from {first} to "
+            f"{per_epoch} (the batches of an epoch)"
+        )
+    delivered = state.get("delivered")
+    skip: frozenset[int] = frozenset()
+    if delivered is not None:
+        if not isinstance(delivered, list) or not all(
+            isinstance(b, int) and done <= b < per_epoch for b in delivered
+        ):
+            raise ConfigError(
+                f"state['delivered']: expected a list of batch numbers from "
+                f"{done} to {per_epoch - 1}, or None"
+            )
+        skip = frozenset(delivered)
+    if done == per_epoch:  # saved at an epoch's end: the next one, whole
+        return Resume(epoch + 1, 0, frozenset(), None)
+    if saved.world_size == sampler.world_size:
+        if saved.rank != sampler.rank:
+            raise ConfigError(
+                f"state['rank']={saved.rank}, but this Prefetcher has "
+                f"rank={sampler.rank}: load each rank's own state"
+            )
+        return Resume(epoch, done, skip, saved.reshard)
+    return _resharded(saved, epoch, done, skip, sampler)
+
+
+def _resharded(
+    saved: EpochSampler,
+    epoch: int,
+    done: int,
+    skip: frozenset[int],
+    sampler: EpochSampler,
+) -> Resume:
+    """The rest of ``epoch``, saved at batch ``done`` on ``saved``'s ranks,
+    sharded across ``sampler``'s."""
+    if skip:
+        raise ConfigError(
+            f"state['delivered']={sorted(skip)}: batches delivered out of order "
+            f"differ from rank to rank, so the rest of the epoch cannot be "
+            f"resharded from world_size={saved.world_size} to "
+            f"world_size={sampler.world_size}; resume with "
+            f"world_size={saved.world_size} until the epoch ends, or save "
+            "states in ordered mode"
+        )
+    steps = () if saved.reshard is None else saved.reshard.steps
+    batches = done - saved.first_batch(epoch)
+    if batches:
+        steps += ((saved.world_size, batches),)
+    if not steps:
+        return Resume(epoch, 0, frozenset(), None)
+    reshard = Reshard(epoch, steps)
+    left = reshard.remaining(sampler.n, sampler.batch_size)
+    _, mine = shard_sizes(
+        left, sampler.batch_size, sampler.world_size, sampler.drop_last
+    )
+    if mine == 0:  # nothing left for a batch: the next epoch, whole
+        return Resume(epoch + 1, 0, frozenset(), None)
+    return Resume(epoch, sampler.batches_per_epoch - mine, frozenset(), reshard)
+
+
+def _world_size(state: dict[str, Any]) -> int:
+    world_size = state.get("world_size")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"state['world_size']={world_size!r}: expected an int >= 1")
+    return world_size
+
+
+def _rank(state: dict[str, Any]) -> int:
+    rank, world_size = state.get("rank"), _world_size(state)
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ConfigError(
+            f"state['rank']={rank!r}: expected an int from 0 to {world_size - 1}"
+        )
+    return rank
+
+
+def _reshard(state: dict[str, Any], epoch: int) -> Reshard | None:
+    steps = state.get("reshard")
+    if steps is None:
+        return None
+    if not isinstance(steps, list) or not all(
+        isinstance(s, list)
+        and len(s) == 2
+        and all(isinstance(x, int) and x > 0 for x in s)
+        for s in steps
+    ):
+        raise ConfigError(
+            f"state['reshard']={steps!r}: expected None or a list of "
+            "[world_size, batches] pairs, as state_dict() writes it"
+        )
+    return Reshard(epoch, tuple((w, b) for w, b in steps))
+
+
+# A stream's state: which worker made a batch, and when, is decided at run
+# time, so its place is per worker: the items (a sample stream's: samples)
+# of each worker's own stream delivered in the current pass. States saved
+# before sample streams lack "pass", "unit" and "shuffle_buffer": they were
+# pass 0 of a stream of whole batches with no shuffle buffer.
+STREAM_FORMAT = "fastq.Prefetcher.stream/1"
+
+
+@dataclass(frozen=True)
+class StreamResume:
+    """Where a stream resumes: in pass ``pass_`` (which seeds a shuffle
+    buffer), after ``items[w]`` items of worker w's stream."""
+
+    pass_: int
+    items: list[int]
+
+
+def _unit(sample_stream: bool) -> str:
+    return "samples" if sample_stream else "batches"
+
+
+def make_stream_state(
+    place: StreamResume,
+    *,
+    rank: int,
+    world_size: int,
+    sample_stream: bool,
+    shuffle_buffer: int,
+    seed: int,
+) -> dict[str, Any]:
+    """The state of a stream at ``place``."""
+    return {
+        "format": STREAM_FORMAT,
+        "items": list(place.items),
+        "unit": _unit(sample_stream),
+        "pass": place.pass_,
+        "workers": len(place.items),
+        "shuffle_buffer": shuffle_buffer,
+        "seed": seed,
+        "world_size": world_size,
+        "rank": rank,
+    }
+
+
+def check_stream_state(
+    state: Any,
+    *,
+    workers: int,
+    rank: int,
+    world_size: int,
+    sample_stream: bool,
+    shuffle_buffer: int,
+    seed: int,
+) -> StreamResume:
+    """Where a saved stream state resumes, once it fits this Prefetcher."""
+    if not isinstance(state, dict) or state.get("format") != STREAM_FORMAT:
+        got = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ConfigError(
+            f"state: expected a dict from the state_dict() of a Prefetcher over "
+            f"a stream (format {STREAM_FORMAT!r}), got {got!r}; pass what "
+            "state_dict() returned"
+        )
+    unit = _unit(sample_stream)
+    if state.get("unit", "batches") != unit:
+        raise ConfigError(
+            f"state['unit']={state.get('unit')!r}, but this Prefetcher's stream "
+            f"delivers {unit}: a state counts what its stream's items were, so "
+            "pass batch_size as it was when the state was saved (set, for a "
+            "stream of samples; None, for whole batches)"
+        )
+    mine: dict[str, Any] = {"workers": workers, "world_size": world_size, "rank": rank}
+    for key, value in mine.items():
+        if state.get(key) != value:
+            raise ConfigError(
+                f"state[{key!r}]={state.get(key)!r}, but this Prefetcher has "
+                f"{key}={value!r}: each worker's stream (sharded with "
+                f"get_worker_info()) resumes where it stopped, so pass the "
+                f"{key} the state was saved with"
+            )
+    saved_buffer = state.get("shuffle_buffer", 0)
+    if saved_buffer != shuffle_buffer or (shuffle_buffer and state.get("seed") != seed):
+        raise ConfigError(
+            f"state['shuffle_buffer']={saved_buffer!r} with seed "
+            f"{state.get('seed')!r}, but this Prefetcher has shuffle_buffer="
+            f"{shuffle_buffer or None!r} and seed={seed!r}: the samples a worker "
+            "delivered are those its shuffle buffer drew, so pass the "
+            "shuffle_buffer and seed the state was saved with (a Prefetcher "
+            "given state= and seed=None takes the state's seed)"
+        )
+    items = state.get("items")
+    if (
+        not isinstance(items, list)
+        or len(items) != workers
+        or not all(isinstance(n, int) and n >= 0 for n in items)
+    ):
+        raise ConfigError(
+            f"state['items']={items!r}: expected {workers} counts >= 0, one per "
+            "worker, as state_dict() writes them"
+        )
+    pass_ = state.get("pass", 0)
+    if not isinstance(pass_, int) or isinstance(pass_, bool) or pass_ < 0:
+        raise ConfigError(
+            f"state['pass']={pass_!r}: expected an int >= 0, as state_dict() writes it"
+        )
+    return StreamResume(pass_, list(items))
+
+
+__all__ = [
+    "FORMAT",
+    "STREAM_FORMAT",
+    "Resume",
+    "StreamResume",
+    "check_state",
+    "check_stream_state",
+    "make_state",
+    "make_stream_state",
+]
