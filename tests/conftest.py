@@ -19,6 +19,15 @@ START_METHODS = [
     m for m in ("fork", "forkserver", "spawn") if m in mp.get_all_start_methods()
 ]
 
+# spawn starts a fresh interpreter for every worker, which makes it the long
+# route of each test run under every start method: the fixtures below run it
+# in the long form only (FASTQ_SLOW_TESTS=1). The default run still spawns
+# where spawn itself is the point (tests that name it in their parameters).
+ROUTES = [
+    pytest.param(m, marks=pytest.mark.slow) if m == "spawn" else m
+    for m in START_METHODS
+]
+
 
 def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
@@ -73,6 +82,10 @@ def child_pids() -> list[int]:
 @pytest.fixture(autouse=True)
 def clean_world() -> Iterator[None]:
     """Fails a test that leaves a worker, a ring mapping or a /dev/shm name."""
+    # Under pytest-xdist each test runs in one worker process, and the
+    # children and mappings checked are that process's own. fastq's memory
+    # is memfd and makes no /dev/shm name, so a fastq name there is a leak
+    # whichever worker's test made it.
     before_shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     yield
     gc.collect()
@@ -86,12 +99,12 @@ def clean_world() -> Iterator[None]:
         assert not [n for n in new if "fastq" in n], f"/dev/shm leak: {new}"
 
 
-@pytest.fixture(params=START_METHODS)
+@pytest.fixture(params=ROUTES)
 def start_method(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(params=[*START_METHODS, "thread"])
+@pytest.fixture(params=[*ROUTES, "thread"])
 def started_by(request: pytest.FixtureRequest) -> dict[str, str]:
     """How workers start, as Prefetcher arguments: processes by each start
     method, or threads."""

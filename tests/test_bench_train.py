@@ -30,6 +30,7 @@ BATCH, SIDE, WARMUP, STEPS = 4, 32, 1, 3
 FILES = 3 * BATCH
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_cpu_form_feeds_every_image_to_the_loop(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -99,7 +99,10 @@ def test_an_epochs_iterator_says_why_it_cannot_be_pickled() -> None:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("launcher", ["spawn", "notebook"])
+# spawn (a fresh interpreter importing torch) is the long route.
+@pytest.mark.parametrize(
+    "launcher", [pytest.param("spawn", marks=pytest.mark.slow), "notebook"]
+)
 @pytest.mark.parametrize("persistent", [False, True], ids=["transient", "persistent"])
 def test_launchers_copy_a_running_loader(
     tmp_path: Path, launcher: str, persistent: bool

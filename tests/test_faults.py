@@ -91,8 +91,19 @@ def test_killed_consumer_takes_every_worker_with_it(
     assert not any(maps_ring(p) for p in workers)
 
 
+# Ctrl+C while waiting takes a victim's whole start and shutdown: fork's run
+# is the default, forkserver's and spawn's the long form.
+CTRL_C = [
+    pytest.param(m, s, marks=pytest.mark.slow)
+    if m == "spawn" or (m == "forkserver" and s == "sigint-waiting")
+    else (m, s)
+    for m in ("fork", "forkserver", "spawn")  # Linux has all three
+    for s in ("sigint-waiting", "sigint-in-body")
+]
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("scenario", ["sigint-waiting", "sigint-in-body"])
+@pytest.mark.parametrize(("start_method", "scenario"), CTRL_C)
 def test_ctrl_c_gives_one_keyboard_interrupt(
     start_victim,
     start_method: str,  # type: ignore[no-untyped-def]

@@ -83,8 +83,17 @@ def _check(out: dict[str, Any]) -> None:
         assert out["dataloader"] == [i + 5 for i in range(12)]
 
 
-@pytest.mark.parametrize("method", [None, "spawn"])
-@pytest.mark.parametrize("how", ["-c", "stdin"])
+# spawn is the long route (a fresh interpreter per worker): the main given
+# by -c spawns by default, the main read from stdin in the long form.
+@pytest.mark.parametrize(
+    ("how", "method"),
+    [
+        ("-c", None),
+        ("stdin", None),
+        ("-c", "spawn"),
+        pytest.param("stdin", "spawn", marks=pytest.mark.slow),
+    ],
+)
 def test_classes_and_lambdas_of_a_main_without_file(
     how: str, method: str | None, tmp_path: Path
 ) -> None:
@@ -196,7 +205,9 @@ def _printed(nb: Any) -> dict[str, Any]:
 
 
 @pytest.mark.usefixtures("kernel_env")
-@pytest.mark.parametrize("method", [None, "spawn"])
+@pytest.mark.parametrize(
+    "method", [None, pytest.param("spawn", marks=pytest.mark.slow)]
+)
 def test_notebook_cells_define_the_dataset_and_collate_fn(
     method: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,8 +23,8 @@ WORKERS = 64
 BATCH = 4
 SAMPLE_S = 0.001  # each __getitem__ sleeps this long
 
-# spawn starts 64 interpreters (about 4 s on two cores): the delivery test
-# runs it by default, the failure tests in the long form only.
+# spawn starts 64 interpreters (about 4 s on two cores): every test here runs
+# it in the long form only (the delivery test through conftest's ROUTES).
 SHORT_FORM = [
     pytest.param(m, marks=pytest.mark.slow) if m == "spawn" else m
     for m in START_METHODS

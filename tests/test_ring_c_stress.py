@@ -42,7 +42,12 @@ SANITIZER_ENV = {
 # does not support fork in its multithreaded runtime (see the Makefile).
 FORK_VARIANTS = ["plain", "asan"]
 
-pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc or gcc) found")
+# spin's verifiers and the sanitizer builds take a gigabyte or more and a
+# core each: under pytest-xdist they share one worker, one at a time.
+pytestmark = [
+    pytest.mark.skipif(CC is None, reason="no C compiler (cc or gcc) found"),
+    pytest.mark.xdist_group("models"),
+]
 
 
 def tsan_warning_flags() -> list[str]:

@@ -21,8 +21,12 @@ import pytest
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
+# Each starts a fresh interpreter (with torch) per worker: the long route,
+# so forkserver's runs by default and spawn's with FASTQ_SLOW_TESTS=1.
 PICKLING_METHODS = [
-    m for m in ("spawn", "forkserver") if m in mp.get_all_start_methods()
+    pytest.param(m, marks=pytest.mark.slow) if m == "spawn" else m
+    for m in ("spawn", "forkserver")
+    if m in mp.get_all_start_methods()
 ]
 
 # Both loaders over a dataset class of this script, with a collate_fn of

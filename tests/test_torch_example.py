@@ -40,6 +40,9 @@ def test_example_trains_in_one_process() -> None:
     assert len(losses) == 2 and losses[1] < losses[0], proc.stdout
 
 
+# Two ranks under torchrun are the long route; the default run has them in
+# tests/test_examples_converted.py's short DDP tutorial.
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_example_trains_under_torchrun() -> None:
     out = torchrun(EXAMPLE, *ARGS, timeout=110)

@@ -97,7 +97,12 @@ def check_epochs(
 LIGHTNING = ["lightning-toplevel", "lightning-hook"]
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "ddp2"])
+# Two processes (DDP, torchrun) are the long route: FASTQ_SLOW_TESTS=1.
+@pytest.fixture(
+    scope="module",
+    params=[1, pytest.param(2, marks=pytest.mark.slow)],
+    ids=["1proc", "ddp2"],
+)
 def lightning_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, list[dict[str, Any]]]:
@@ -138,7 +143,11 @@ ACCELERATE = [
 BATCH, UNEVEN_N = 8, 60  # as in trainer_routes.py
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc"])
+@pytest.fixture(
+    scope="module",
+    params=[1, pytest.param(2, marks=pytest.mark.slow)],
+    ids=["1proc", "2proc"],
+)
 def accelerate_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
@@ -289,6 +298,7 @@ def test_transformers_trainer_after_install(tmp_path: Path) -> None:
     assert fastq_run["train"] == torch_run["train"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_resume_example_survives_a_kill_bit_for_bit(tmp_path: Path) -> None:
     """examples/resume_after_kill.py: Lightning killed with SIGKILL mid-epoch

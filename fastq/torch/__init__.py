@@ -11,7 +11,9 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without torch only
     raise ImportError(
         "fastq.torch needs PyTorch, which is not installed; install it with "
-        "pip install 'fastq[torch]' (or pip install torch)"
+        "pip install torch==2.13.0, or reinstall fastq with its torch extra: "
+        "pip install -e '.[torch]' from a checkout, or pip install "
+        "'fastq-ring[torch]' once fastq-ring is published"
     ) from exc
 
 from ._dataloader import DataLoader
