@@ -25,14 +25,6 @@ _RESULTS = pytest.StashKey[list[tuple[str, Result]]]()
 _TABLES = pytest.StashKey[dict[str, Callable[[], str]]]()
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """No xdist worker: benchmarks measure, in this process, alone.
-    pyproject.toml's `-n auto` is for tests/ (pytest-benchmark turns itself
-    off under xdist)."""
-    return 0
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("fastq benchmarks")
     g.addoption(

@@ -34,9 +34,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     python -c "import fastq._core._ring, numpy, cloudpickle, pytest; print('fastq ready')"
 } > "$out/machine-$gpu.txt" 2>&1
 
-# -o addopts=-ra: in this process, one test at a time, with or without
-# pytest-xdist on the machine (pyproject.toml's addopts ask for it).
-timeout 240 python -m pytest -q -p no:cacheprovider -o addopts=-ra tests/test_torch_cuda.py tests/test_dataloader_pinned.py \
+timeout 240 python -m pytest -q -p no:cacheprovider tests/test_torch_cuda.py tests/test_dataloader_pinned.py \
     > "$out/cuda-tests-$gpu.txt" 2>&1
 timeout 120 python -m fastq bench --case torch-startup > "$out/torch-startup-$gpu.txt" 2>&1
 timeout 240 python -m fastq bench --case train --workers 15 > "$out/train-$gpu.txt" 2>&1

@@ -82,10 +82,8 @@ def child_pids() -> list[int]:
 @pytest.fixture(autouse=True)
 def clean_world() -> Iterator[None]:
     """Fails a test that leaves a worker, a ring mapping or a /dev/shm name."""
-    # Under pytest-xdist each test runs in one worker process, and the
-    # children and mappings checked are that process's own. fastq's memory
-    # is memfd and makes no /dev/shm name, so a fastq name there is a leak
-    # whichever worker's test made it.
+    # fastq's memory is memfd and makes no /dev/shm name, so a fastq name
+    # there is a leak, whichever process made it.
     before_shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     yield
     gc.collect()

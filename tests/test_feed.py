@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import numpy as np
 import pytest
 
-from fastq import _report
+from fastq._core import _report
 from fastq._core._ring import (
     NO_TASK,
     OWNER_WORKER,

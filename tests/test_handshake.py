@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastq import _report
+from fastq._core import _report
 from fastq._core._plan import Plan, PlanLayout
 from fastq._faces._first_batch import receive_map_spec
 from fastq._layout._packing import PackedSpec

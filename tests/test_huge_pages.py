@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import fastq
-from fastq import _shm
+from fastq._core import _shm
 from fastq._core._mapping import AlignedMapping
 
 pytestmark = pytest.mark.timeout(60)

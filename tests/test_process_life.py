@@ -473,7 +473,7 @@ def test_ctrl_c_while_a_worker_starts_is_raised_once_it_has(
     """A Ctrl+C that lands while a worker is being forked is held, not
     dropped: it is raised once the worker has started, and every worker
     started so far is reaped (the session's leak check)."""
-    from fastq import _pool
+    from fastq._workers import _pool
 
     starts = []
     window = _pool._no_missing_main_file

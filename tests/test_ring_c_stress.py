@@ -42,11 +42,8 @@ SANITIZER_ENV = {
 # does not support fork in its multithreaded runtime (see the Makefile).
 FORK_VARIANTS = ["plain", "asan"]
 
-# spin's verifiers and the sanitizer builds take a gigabyte or more and a
-# core each: under pytest-xdist they share one worker, one at a time.
 pytestmark = [
     pytest.mark.skipif(CC is None, reason="no C compiler (cc or gcc) found"),
-    pytest.mark.xdist_group("models"),
 ]
 
 

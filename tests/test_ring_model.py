@@ -15,9 +15,7 @@ from spin_models import verify as run_model
 
 MODEL = "fq_ring.pml"
 
-# spin's verifiers and the sanitizer builds take a gigabyte or more and a
-# core each: under pytest-xdist they share one worker, one at a time.
-pytestmark = [*REQUIRES_SPIN, pytest.mark.xdist_group("models")]
+pytestmark = REQUIRES_SPIN
 
 # Depth bound: the deepest run of the sizes below is about 700 steps, so a
 # search that hits this bound is incomplete and fails rather than passes.

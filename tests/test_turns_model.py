@@ -14,12 +14,9 @@ from spin_models import verify as run_model
 
 MODEL = "fq_turns.pml"
 
-# spin's verifiers and the sanitizer builds take a gigabyte or more and a
-# core each: under pytest-xdist they share one worker, one at a time.
 pytestmark = [
     *REQUIRES_SPIN,
     pytest.mark.timeout(120),
-    pytest.mark.xdist_group("models"),
 ]
 
 # Depth bound: the deepest run of the sizes below is about 300 steps, so a

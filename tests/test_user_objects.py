@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import fastq
-from fastq import _pool
+from fastq._workers import _pool
 
 PICKLING_METHODS = [
     m for m in ("spawn", "forkserver") if m in mp.get_all_start_methods()
