@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .fresh import run_module
+from .fresh import run_in_turn, run_job
 from .train_loop import close_loader, epochs, repeat
 
 LOADERS = ("DataLoader", "fastq.torch.DataLoader", "TorchPrefetcher", "ceiling")
@@ -234,13 +234,13 @@ def plan(models: Sequence[str]) -> list[Config]:
 
 def run_once(cfg: Config, timeout_s: float = 600.0) -> Run:
     """One run in a fresh interpreter."""
-    answer, error = run_module("fastq._bench.gpu_timeline", asdict(cfg), timeout_s)
-    if error is not None:
-        return Run(cfg, error=error)
-    try:
-        return Run.from_json(answer)
-    except (TypeError, KeyError) as exc:
-        return Run(cfg, error=f"unreadable answer: {exc!r}")
+    return run_job(
+        "fastq._bench.gpu_timeline",
+        asdict(cfg),
+        Run.from_json,
+        lambda why: Run(cfg, error=why),
+        timeout_s,
+    )
 
 
 def run_all(
@@ -249,14 +249,7 @@ def run_all(
     progress: Callable[[Run], None] | None = None,
 ) -> list[Run]:
     """Every config ``repeats`` times, interleaved."""
-    runs = []
-    for _ in range(repeats):
-        for cfg in configs:
-            r = run_once(cfg)
-            if progress is not None:
-                progress(r)
-            runs.append(r)
-    return runs
+    return run_in_turn(configs, repeats, run_once, progress)
 
 
 def describe(r: Run) -> str:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from .._faces._prefetcher import _cpus_per_rank, default_workers
 
 # Re-exported: the runner reads them here.
-from .fresh import run_module
+from .fresh import run_in_turn, run_job
 from .train_loop import LOADERS as LOADERS
 from .train_loop import PSS_INTERVAL_S
 from .train_loop import Config as Config
@@ -280,13 +280,13 @@ def plan(
 
 def run_once(cfg: Config) -> Run:
     """One run in a fresh interpreter."""
-    answer, error = run_module("fastq._bench.train_loop", asdict(cfg), _TIMEOUT_S)
-    if error is not None:
-        return Run(cfg, error=error)
-    try:
-        return Run.from_json(answer)
-    except (TypeError, KeyError) as exc:
-        return Run(cfg, error=f"unreadable answer: {exc!r}")
+    return run_job(
+        "fastq._bench.train_loop",
+        asdict(cfg),
+        Run.from_json,
+        lambda why: Run(cfg, error=why),
+        _TIMEOUT_S,
+    )
 
 
 def run_all(
@@ -295,18 +295,9 @@ def run_all(
     progress: Callable[[Run], None] | None = None,
     before: Callable[[], None] | None = None,
 ) -> list[Run]:
-    """Every config `repeats` times, interleaved so that a slow spell of
-    the machine hits every loader; `before` runs before each run."""
-    runs = []
-    for _ in range(repeats):
-        for cfg in configs:
-            if before is not None:
-                before()
-            r = run_once(cfg)
-            if progress is not None:
-                progress(r)
-            runs.append(r)
-    return runs
+    """Every config `repeats` times, interleaved; `before` runs before
+    each run."""
+    return run_in_turn(configs, repeats, run_once, progress, before)
 
 
 def label(cfg: Config) -> str:
