@@ -14,7 +14,8 @@
 # machine has no Cython, build it beforehand for the machine's Python
 # (python3.X setup.py build_ext --inplace) and carry the fastq/*.so files.
 # Writes each output under $OUT (default: benchmarks/results/gpu-run),
-# named for the machine.
+# named for the machine. Each step after the build has a timeout, together
+# 590 s at most: under the device machine's 10 minutes a command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-benchmarks/results/gpu-run}"
@@ -34,9 +35,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     python -c "import fastq._core._ring, numpy, cloudpickle, pytest; print('fastq ready')"
 } > "$out/machine-$gpu.txt" 2>&1
 
-timeout 240 python -m pytest -q -p no:cacheprovider tests/test_torch_cuda.py tests/test_dataloader_pinned.py \
+timeout 170 python -m pytest -q -p no:cacheprovider tests/test_torch_cuda.py tests/test_dataloader_pinned.py \
     > "$out/cuda-tests-$gpu.txt" 2>&1
-timeout 120 python -m fastq bench --case torch-startup > "$out/torch-startup-$gpu.txt" 2>&1
+timeout 90 python -m fastq bench --case torch-startup > "$out/torch-startup-$gpu.txt" 2>&1
 timeout 240 python -m fastq bench --case train --workers 15 > "$out/train-$gpu.txt" 2>&1
-timeout 100 python -m fastq bench --case gpu-model > "$out/gpu-model-$gpu.txt" 2>&1
+timeout 90 python -m fastq bench --case gpu-model > "$out/gpu-model-$gpu.txt" 2>&1
 tail -n 3 "$out"/*.txt
