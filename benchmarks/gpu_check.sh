@@ -12,7 +12,7 @@
 # fetches nothing): it prints their versions. fastq's extension is built in
 # place if it is not there yet (needs Cython and a compiler); where the
 # machine has no Cython, build it beforehand for the machine's Python
-# (python3.X setup.py build_ext --inplace) and carry the fastq/*.so files.
+# (python3.X setup.py build_ext --inplace) and carry the fastq/_*/*.so files.
 # Writes each output under $OUT (default: benchmarks/results/gpu-run),
 # named for the machine. Each step after the build has a timeout, together
 # 590 s at most: under the device machine's 10 minutes a command.
