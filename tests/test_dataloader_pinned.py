@@ -313,3 +313,20 @@ def test_a_ring_that_cannot_be_page_locked_is_pinned_by_copy(
     assert not ring.registered
     on_fake_cuda.gpu.run_all()
     loader.close()
+
+
+def test_a_cuda_error_while_waiting_on_an_event_returns_the_slot(
+    on_fake_cuda: PinnedCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The returner's synchronize raises (a CUDA error): it still gives the
+    slot back, so the epoch goes on to its end instead of waiting forever
+    for slots that can no longer be read."""
+
+    def broken(self: FakeEvent) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    monkeypatch.setattr(FakeEvent, "synchronize", broken)
+    loader = DataLoader(Rows(), batch_size=4, num_workers=1, pin_memory=True, slots=2)
+    labels = [b[1].tolist() for b in loader]
+    assert labels == [list(range(4 * b, 4 * b + 4)) for b in range(10)]
+    loader.close()

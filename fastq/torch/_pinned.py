@@ -6,6 +6,7 @@ for the GPU on the ring's account."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 import weakref
@@ -277,7 +278,12 @@ def _return_slots(ring: CudaRing) -> None:
             event = ring._next_event()
             if event is None:
                 return
-            event.synchronize()  # sleeps (a blocking event), GIL released
+            # A CUDA error here: the context runs no more copies, so none
+            # can still read the slot, and the loop's next CUDA call raises
+            # the error. The slot goes back, or the loop would wait for it
+            # forever.
+            with contextlib.suppress(Exception):
+                event.synchronize()  # sleeps (a blocking event), GIL released
             holder = ring._passed(event)
             del holder  # the slot goes back to the workers here
 
