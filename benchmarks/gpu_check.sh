@@ -15,29 +15,35 @@
 # (python3.X setup.py build_ext --inplace) and carry the fastq/_*/*.so files.
 # Writes each output under $OUT (default: benchmarks/results/gpu-run),
 # named for the machine. Each step after the build has a timeout, together
-# 590 s at most: under the device machine's 10 minutes a command.
+# 550 s at most: under the device machine's 10 minutes a command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-benchmarks/results/gpu-run}"
 mkdir -p "$out"
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-')"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# The machine's Python: GPU images often have python3 alone.
+py="${PYTHON:-$(command -v python3 || command -v python)}"
 {
     nvidia-smi
     lscpu | grep -E "Model name|^CPU\(s\)"
-    python -c "import sys; print('python', sys.version.split()[0])"
-    python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-    python -c "import torchvision; print('torchvision', torchvision.__version__)"
-    if ! python -c "import fastq._core._ring" 2>/dev/null; then
+    "$py" -c "import sys; print('python', sys.version.split()[0])"
+    "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+    "$py" -c "import torchvision; print('torchvision', torchvision.__version__)"
+    if ! "$py" -c "import fastq._core._ring" 2>/dev/null; then
         echo "building fastq's extension in place"
-        python setup.py build_ext --inplace -q
+        "$py" setup.py build_ext --inplace -q -j "$(nproc)" || exit 1
     fi
-    python -c "import fastq._core._ring, numpy, cloudpickle, pytest; print('fastq ready')"
+    "$py" -c "import fastq._core._ring, numpy, cloudpickle, pytest; print('fastq ready')"
 } > "$out/machine-$gpu.txt" 2>&1
+if ! grep -q "fastq ready" "$out/machine-$gpu.txt"; then
+    cat "$out/machine-$gpu.txt"
+    exit 1
+fi
 
-timeout 170 python -m pytest -q -p no:cacheprovider tests/test_torch_cuda.py tests/test_dataloader_pinned.py \
+timeout 150 "$py" -m pytest -q -p no:cacheprovider tests/test_torch_cuda.py tests/test_dataloader_pinned.py \
     > "$out/cuda-tests-$gpu.txt" 2>&1
-timeout 90 python -m fastq bench --case torch-startup > "$out/torch-startup-$gpu.txt" 2>&1
-timeout 240 python -m fastq bench --case train --workers 15 > "$out/train-$gpu.txt" 2>&1
-timeout 90 python -m fastq bench --case gpu-model > "$out/gpu-model-$gpu.txt" 2>&1
+timeout 80 "$py" -m fastq bench --case torch-startup > "$out/torch-startup-$gpu.txt" 2>&1
+timeout 240 "$py" -m fastq bench --case train --workers 15 > "$out/train-$gpu.txt" 2>&1
+timeout 80 "$py" -m fastq bench --case gpu-model > "$out/gpu-model-$gpu.txt" 2>&1
 tail -n 3 "$out"/*.txt
