@@ -5,6 +5,9 @@ each loader on it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -85,6 +88,30 @@ def test_a_host_block_is_reused_only_after_its_copies_have_run() -> None:
     del again
     assert gpu.host_empty(1 << 16).ctypes.data in {first, second}
     assert gpu.host_bytes == 2 << 16, "no third block once the copy ran"
+
+
+@pytest.mark.torch
+def test_seeding_torch_on_the_model_leaves_a_cuda_build_alone() -> None:
+    """On a CUDA build, torch.cuda's device count comes from the driver
+    while its generators were never made: seeding (as every worker does)
+    must not reach them. Here a CPU build is made to count one device."""
+    pytest.importorskip("torch")
+    script = textwrap.dedent(
+        """
+        import torch, torch.cuda.random
+        from fastq._bench.gpu_model import install
+        torch.cuda.random.device_count = lambda: 1
+        install(1024)
+        torch.manual_seed(1)
+        torch.seed()
+        print("seeded")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "seeded"
 
 
 @pytest.mark.torch

@@ -319,6 +319,12 @@ def install(launch_queue: int) -> ModelGpu:
     cuda.Event = lambda *a, **kw: ModelEvent(gpu)
     cuda.synchronize = lambda device=None: gpu.synchronize()
     cuda.cudart = lambda: _Cudart(gpu)
+    # torch.manual_seed (which every DataLoader worker calls) seeds the
+    # CUDA generators when CUDA says it is initialized. On a CUDA build the
+    # real generators were never made (the model stands in for CUDA), so
+    # seeding them would fail: the model has no generators to seed.
+    for seeding in ("manual_seed", "manual_seed_all", "seed", "seed_all"):
+        setattr(cuda, seeding, lambda *args: None)
     accelerator: Any = torch.accelerator
     accelerator.is_available = lambda: True
     accelerator.current_accelerator = lambda *a, **kw: torch.device("cuda")
