@@ -256,6 +256,64 @@ def test_not_enough_memory_is_a_clear_error_at_construction() -> None:
         )
 
 
+def _reservation_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ring's memory is taken by another process between the
+    constructor's check and the settling thread's fallocate."""
+    import errno
+
+    from fastq._core import _shm
+
+    def no_memory(fd: int, size: int, name: str, *args: Any) -> None:
+        raise fastq.SharedMemoryError(
+            _shm.not_enough_memory(size, 0, OSError(errno.ENOSPC, "No space left"))
+        )
+
+    monkeypatch.setattr(_shm, "reserve", no_memory)
+
+
+@pytest.mark.timeout(30)
+def test_a_region_reports_a_reservation_its_thread_could_not_make(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Told once, to whoever asks, before or after it was found."""
+    from fastq._core import _shm
+
+    _reservation_fails(monkeypatch)
+    region = _shm.Region.create(8 * _shm.huge_page_size())
+    try:
+        assert region.wait_settled(10)
+        assert isinstance(region.failure, fastq.SharedMemoryError)
+        told: list[BaseException] = []
+        region.on_failure(told.append)
+        assert told == [region.failure]
+    finally:
+        region.close()
+
+
+@pytest.mark.timeout(30)
+def test_memory_gone_after_construction_ends_the_run_with_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ring of several huge pages is reserved by a thread after it is
+    handed over; a shortage found there ends the run at its next batch with
+    SharedMemoryError naming the bytes and the fix: no worker left, no
+    hang, the loader closed."""
+    _reservation_fails(monkeypatch)
+    spec = {"x": ((1 << 20,), "uint8")}  # 1 MiB rows: a ring of 10s of MiB
+    pf = fastq.Prefetcher(
+        PatternDataset(64), batch_size=4, spec=spec, workers=2, start_method="fork"
+    )
+    pids = [p.pid for p in pf._engine.pool.processes]
+    with pytest.raises(
+        fastq.SharedMemoryError,
+        match=r"needs .*MiB \(\d+ bytes\) .*No space left.*slots= or batch_size=",
+    ):
+        for _ in pf:
+            pass
+    assert pf.closed
+    assert wait_gone(pids, 5) == []
+
+
 @pytest.mark.timeout(30)
 def test_callable_that_yields_nothing_needs_a_spec() -> None:
     with pytest.raises(fastq.ConfigError, match="yielded no item.*spec="):

@@ -107,7 +107,7 @@ def test_transparent_huge_pages_are_asked_for_where_shmem_says_advise() -> None:
 
 def test_hugetlb_pages_are_used_when_enough_are_free() -> None:
     with system_setting("/proc/sys/vm/nr_hugepages", "64"):
-        if _shm._meminfo().get("HugePages_Free", 0) * HUGE < 32 * HUGE:
+        if _shm.meminfo().get("HugePages_Free", 0) * HUGE < 32 * HUGE:
             pytest.skip("the kernel could not reserve hugetlb pages")
         with fastq.Prefetcher(Images(), batch_size=ROWS, workers=2) as pf:
             check_epoch(pf)
@@ -121,12 +121,12 @@ def test_free_pages_that_cannot_be_had_fall_back_quietly(
 ) -> None:
     """/proc/meminfo claims free hugetlb pages that the kernel then refuses
     (taken meanwhile by another process): ordinary pages, no error."""
-    real = _shm._meminfo
+    real = _shm.meminfo
 
     def claims_plenty() -> dict[str, Any]:
         return {**real(), "HugePages_Free": 1 << 20}
 
-    monkeypatch.setattr(_shm, "_meminfo", claims_plenty)
+    monkeypatch.setattr(_shm, "meminfo", claims_plenty)
     if real().get("HugePages_Free", 0):
         pytest.skip("this system has free hugetlb pages: nothing to refuse")
     region = _shm.Region.create(4 * HUGE)
@@ -141,7 +141,7 @@ def test_free_pages_that_cannot_be_had_fall_back_quietly(
 
 def test_shmem_always_needs_no_advice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_shm, "shmem_thp_mode", lambda: "always")
-    monkeypatch.setattr(_shm, "_meminfo", lambda: {"Hugepagesize": HUGE // 1024})
+    monkeypatch.setattr(_shm, "meminfo", lambda: {"Hugepagesize": HUGE // 1024})
     region = _shm.Region.create(HUGE + 1)
     try:
         assert region.pages == _shm.PAGES_THP and region.size == 2 * HUGE
@@ -239,7 +239,7 @@ def test_a_collapse_the_kernel_refuses_leaves_base_pages(
     it does not know, as before Linux 6.1: EINVAL for real): base pages, all
     reserved, no error."""
     monkeypatch.setattr(_shm, "shmem_thp_mode", lambda: "never")
-    monkeypatch.setattr(_shm, "_meminfo", lambda: {"Hugepagesize": HUGE // 1024})
+    monkeypatch.setattr(_shm, "meminfo", lambda: {"Hugepagesize": HUGE // 1024})
     monkeypatch.setattr(_shm, "_MADV_COLLAPSE", 9999)
     region = _shm.Region.create(4 * HUGE)
     try:

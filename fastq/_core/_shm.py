@@ -18,17 +18,29 @@ region says which it got (``Region.pages``, in ``Prefetcher.stats()``).
 
 NOTE [ The ring is handed over before it is settled ]
 
-A region's memory is reserved before it is handed over: every page of the
-file is allocated (fallocate; hugetlb pages at mmap), so a shortage is a
-SharedMemoryError naming the bytes needed and available, and no writer
-ever dies of SIGBUS. What is not needed for that is left for later: making
-the pages huge (MADV_COLLAPSE) and mapping them into the page tables
-(MADV_POPULATE_WRITE) cost a large ring a second or more on a busy machine,
-longer than a batch. A thread does both, in steps of `_SETTLE_STEP`, after
-the ring is handed over (`Region.settled` is set when it is done); until
-then a process touching a page first faults it in. Each worker maps the
-region without populating it and settles its own mapping the same way, on
-a thread of its own, so that its mapping is huge where the file is.
+A large region is handed over before its pages exist: reserving them
+(fallocate), making them huge (MADV_COLLAPSE) and mapping them into the
+page tables (MADV_POPULATE_WRITE) cost a ring of hundreds of megabytes a
+second or more on a busy machine, longer than a batch, and DataLoader's
+first batch pays none of it. A thread does all three, in steps of
+`_SETTLE_STEP`, while the workers make their first batches
+(`Region.settled` is set when it is done); until then a process touching a
+page first allocates it.
+
+A shortage must still be an error, never a writer killed by SIGBUS.
+Before anything is made, the constructor compares the bytes needed with
+the memory available (MemAvailable, capped by the cgroup's headroom:
+`sized_memfd`), and raises SharedMemoryError where they do not fit. What
+that cannot see, memory taken by another process in the moment between,
+the settling thread finds as a failed fallocate: the region keeps it as
+`failure` and hands it to `on_failure`'s callback, which ends the run at
+its next batch with that SharedMemoryError (a worker that faulted on a
+page that could not be had is reported as the same shortage). Small
+regions, and hugetlb pages (reserved at mmap), are reserved at once.
+
+Each worker maps the region without populating it and settles its own
+mapping the same way, on a thread of its own, so that its mapping is huge
+where the file is.
 """
 
 from __future__ import annotations
@@ -38,13 +50,21 @@ import errno
 import mmap
 import os
 import sys
-import tempfile
 import threading
-from multiprocessing import reduction
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import SharedMemoryError
 from ._mapping import AlignedMapping
+from ._memfd import (
+    SharedFd,
+    anonymous_file,
+    available_memory,
+    meminfo,
+    not_enough_memory,
+    reserve,
+    sized_memfd,
+)
 
 PAGE_SIZE = mmap.PAGESIZE
 # MAP_POPULATE pre-faults the whole mapping in each process at mmap time, so
@@ -75,21 +95,7 @@ _RESETTLE_WAIT_S = 0.5
 
 def huge_page_size() -> int:
     """The system's default huge page size (2 MiB on x86-64)."""
-    return _meminfo().get("Hugepagesize", 2048) * 1024
-
-
-def _meminfo() -> dict[str, int]:
-    """/proc/meminfo's numbers (kB, or counts), by name; {} if unreadable."""
-    out: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                with contextlib.suppress(ValueError, IndexError):
-                    out[name] = int(rest.split()[0])
-    except OSError:
-        pass
-    return out
+    return meminfo().get("Hugepagesize", 2048) * 1024
 
 
 def shmem_thp_mode() -> str:
@@ -102,101 +108,6 @@ def shmem_thp_mode() -> str:
         return "never"
     start, end = text.find("["), text.find("]")
     return text[start + 1 : end] if 0 <= start < end else "never"
-
-
-def available_memory() -> int | None:
-    """Bytes that can still be allocated: MemAvailable, capped by the
-    cgroup's memory limit; None where neither can be read."""
-    candidates = []
-    available = _meminfo().get("MemAvailable")
-    if available is not None:
-        candidates.append(available * 1024)
-    limit = _cgroup_headroom()
-    if limit is not None:
-        candidates.append(limit)
-    return min(candidates) if candidates else None
-
-
-def _cgroup_headroom() -> int | None:
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        (
-            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-        ),
-    ):
-        try:
-            with open(limit_file) as f:
-                raw = f.read().strip()
-            if raw == "max":
-                return None
-            with open(usage_file) as f:
-                usage = int(f.read().strip())
-            limit = int(raw)
-        except (OSError, ValueError):
-            continue
-        # cgroup v1 reports "no limit" as a huge number.
-        if limit >= 1 << 60:
-            return None
-        return max(0, limit - usage)
-    return None
-
-
-def anonymous_file(name: str, flags: int = 0) -> int:
-    """A descriptor of a nameless file in memory, to share with workers
-    (``flags``: more memfd_create flags, MFD_HUGETLB)."""
-    if hasattr(os, "memfd_create"):
-        return os.memfd_create(name, os.MFD_CLOEXEC | flags)
-    # Fallback where memfd does not exist: a file that is unlinked before it
-    # is ever used, so it has no name to leak; workers get its descriptor.
-    f = tempfile.TemporaryFile(prefix=f"{name}-")  # noqa: SIM115 (closed below)
-    fd = os.dup(f.fileno())
-    f.close()
-    return fd
-
-
-def _format_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024  # type: ignore[assignment]
-    raise AssertionError("unreachable")
-
-
-def sized_memfd(name: str, size: int) -> int:
-    """anonymous_file of `size` bytes (its pages not yet allocated), or
-    SharedMemoryError if that much memory is not available."""
-    available = available_memory()
-    if available is not None and size > available:
-        raise SharedMemoryError(not_enough_memory(size, available, what=name))
-    fd = anonymous_file(name)
-    try:
-        os.ftruncate(fd, size)
-    except OSError as exc:  # a limit on file sizes, say (RLIMIT_FSIZE)
-        os.close(fd)
-        raise SharedMemoryError(
-            not_enough_memory(size, available, exc, what=name)
-        ) from exc
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-class SharedFd:
-    """A descriptor that crosses process creation: inherited under fork,
-    passed by the start method's own descriptor passing under spawn and
-    forkserver (multiprocessing.reduction.DupFd)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_shared_fd, (reduction.DupFd(self.fd),))
-
-
-def _rebuild_shared_fd(dup: Any) -> SharedFd:
-    return SharedFd(dup.detach())
 
 
 class Region:
@@ -217,6 +128,10 @@ class Region:
         self.settled = threading.Event()
         self.settled.set()
         self._closing = threading.Event()
+        # A reservation the settling thread could not make, and who is told.
+        self.failure: SharedMemoryError | None = None
+        self._failure_lock = threading.Lock()
+        self._on_failure: Callable[[SharedMemoryError], None] | None = None
 
     def huge_bytes(self) -> int:
         """Bytes of it this process maps with huge pages. Read once settled
@@ -233,25 +148,90 @@ class Region:
         False if `timeout` passed first."""
         return self.settled.wait(timeout)
 
-    def _settle(self, collapse: bool, until_huge: bool = False) -> Region:
-        """Collapses (with `collapse`) and populates the mapping on a
-        thread; with `until_huge`, again while part of it maps in base
-        pages and part in huge ones (a worker's mapping, before the
-        creator's collapse has reached it)."""
+    def on_failure(self, callback: Callable[[SharedMemoryError], None]) -> None:
+        """Calls `callback` with the reservation's failure once the settling
+        thread finds one; at once if it already has."""
+        with self._failure_lock:
+            self._on_failure = callback
+            failure = self.failure
+        if failure is not None:
+            callback(failure)
+
+    def _settle(
+        self,
+        collapse: bool,
+        until_huge: bool = False,
+        reserve_as: str | None = None,
+        through_mapping: bool = False,
+    ) -> Region:
+        """Reserves the file's pages (with `reserve_as`, the name a
+        shortage reports; `through_mapping`: by populating the advised
+        mapping, so that they are made huge), collapses them (with
+        `collapse`) and populates the mapping, on a thread; with
+        `until_huge`, again while part of it maps in base pages and part
+        in huge ones (a worker's mapping, before the creator's collapse has
+        reached it)."""
         if not isinstance(self.mapping, AlignedMapping):
             return self
         self.settled.clear()
         thread = threading.Thread(
             target=self._settle_pages,
-            args=(collapse, until_huge),
+            args=(collapse, until_huge, reserve_as, through_mapping),
             name="fastq-settle",
             daemon=True,
         )
         thread.start()
         return self
 
-    def _settle_pages(self, collapse: bool, until_huge: bool) -> None:
+    def _reserve_pages(self, name: str, through_mapping: bool) -> bool:
+        """Allocates every page of the file, a step at a time (a closed
+        region stops it soon); False, with `failure` kept and reported, if
+        the memory is not there."""
+        for start in range(0, self.size, _SETTLE_STEP):
+            if self._closing.is_set():
+                return False
+            length = min(_SETTLE_STEP, self.size - start)
+            try:
+                if through_mapping:
+                    through_mapping = self._populate_step(name, start, length)
+                if not through_mapping:
+                    reserve(self.fd, self.size, name, start, length)
+            except SharedMemoryError as failure:
+                with self._failure_lock:
+                    self.failure = failure
+                    callback = self._on_failure
+                if callback is not None:
+                    callback(failure)
+                return False
+        return True
+
+    def _populate_step(self, name: str, start: int, length: int) -> bool:
+        """Allocates a step's pages through the mapping; False where the
+        kernel cannot (before Linux 5.14): the file is reserved instead, in
+        base pages."""
         try:
+            self.mapping.madvise(_MADV_POPULATE_WRITE, start, length)
+        except OSError as exc:
+            if exc.errno == errno.ENOMEM:
+                raise SharedMemoryError(
+                    not_enough_memory(self.size, available_memory(), exc, what=name)
+                ) from exc
+            self.pages = PAGES_BASE
+            return False
+        return True
+
+    def _settle_pages(
+        self,
+        collapse: bool,
+        until_huge: bool,
+        reserve_as: str | None,
+        through_mapping: bool,
+    ) -> None:
+        try:
+            if reserve_as is not None and not self._reserve_pages(
+                reserve_as, through_mapping
+            ):
+                return
             for attempt in range(_RESETTLE_TRIES if until_huge else 1):
                 if attempt and self._closing.wait(_RESETTLE_WAIT_S):
                     return
@@ -304,7 +284,7 @@ class Region:
         """In hugetlb pages, when enough are free (the reservation happens at
         mmap, so a shortage is an error here, never a SIGBUS later); None
         where they cannot be had."""
-        free = _meminfo().get("HugePages_Free", 0) * huge_page_size()
+        free = meminfo().get("HugePages_Free", 0) * huge_page_size()
         if free < size or not hasattr(os, "memfd_create"):
             return None
         try:
@@ -326,28 +306,29 @@ class Region:
     def _create_advised(cls, size: int, name: str) -> Region:
         """In transparent huge pages asked for with MADV_HUGEPAGE: the
         mapping is advised before any page exists, then every page is
-        allocated through it (MADV_POPULATE_WRITE reports a shortage as an
-        error). Where populating that way is not supported, the pages are
-        reserved as ordinary ones are."""
+        allocated through it by the settling thread (MADV_POPULATE_WRITE
+        reports a shortage as an error). Where populating that way is not
+        supported, the pages are reserved as ordinary ones are."""
         fd = sized_memfd(name, size)
         try:
             mapping = _map(fd, size, populate=False)
-            pages = PAGES_THP
-            try:
-                mapping.madvise(_MADV_HUGEPAGE)
-                mapping.madvise(_MADV_POPULATE_WRITE)
-            except OSError as exc:
-                if exc.errno == errno.ENOMEM:
-                    mapping.close()
-                    raise SharedMemoryError(
-                        not_enough_memory(size, available_memory(), exc, what=name)
-                    ) from exc
-                pages = PAGES_BASE
-                _reserve(fd, size, name)
         except BaseException:
             os.close(fd)
             raise
-        return cls(fd, size, mapping, pages)
+        region = cls(fd, size, mapping, PAGES_THP)
+        try:
+            mapping.madvise(_MADV_HUGEPAGE)
+        except OSError:
+            region.pages = PAGES_BASE
+        advised = region.pages == PAGES_THP
+        # A page a worker wrote before the thread reached it may be a base
+        # page: collapsed after, as where shmem_enabled says never.
+        return region._settle(
+            collapse=advised,
+            until_huge=advised,
+            reserve_as=name,
+            through_mapping=advised,
+        )
 
     @classmethod
     def _create_collapsed(cls, size: int, name: str) -> Region:
@@ -360,23 +341,27 @@ class Region:
         once settled if none could be made huge."""
         fd = sized_memfd(name, size)
         try:
-            _reserve(fd, size, name)
             mapping = _map(fd, size, populate=False)
         except BaseException:
             os.close(fd)
             raise
-        return cls(fd, size, mapping, PAGES_THP)._settle(collapse=True, until_huge=True)
+        region = cls(fd, size, mapping, PAGES_THP)
+        return region._settle(collapse=True, until_huge=True, reserve_as=name)
 
     @classmethod
     def _create_base(cls, size: int, name: str) -> Region:
         fd = sized_memfd(name, size)
+        settles = _settles(size)
         try:
-            _reserve(fd, size, name)
-            mapping = _map(fd, size, populate=not _settles(size))
+            if not settles:
+                reserve(fd, size, name)
+            mapping = _map(fd, size, populate=not settles)
         except BaseException:
             os.close(fd)
             raise
-        return cls(fd, size, mapping)._settle(collapse=False)
+        return cls(fd, size, mapping)._settle(
+            collapse=False, reserve_as=name if settles else None
+        )
 
     @classmethod
     def attach(cls, shared: SharedFd, size: int) -> Region:
@@ -390,7 +375,13 @@ class Region:
         finally:
             # The mapping keeps the memory; the descriptor is not needed.
             os.close(fd)
-        collapse = _HUGE_PAGES and shmem_thp_mode() != "deny"
+        mode = shmem_thp_mode()
+        if _HUGE_PAGES and mode in ("advise", "within_size"):
+            # Pages this worker writes before the creator's thread has
+            # allocated them are then huge ones too.
+            with contextlib.suppress(OSError):
+                mapping.madvise(_MADV_HUGEPAGE)
+        collapse = _HUGE_PAGES and mode != "deny"
         return cls(-1, size, mapping)._settle(collapse, until_huge=collapse)
 
     def share(self) -> SharedFd:
@@ -423,19 +414,6 @@ def _map(fd: int, size: int, populate: bool = True) -> Any:
         return AlignedMapping(fd, size, step, populate)
     flags = _MAP_FLAGS if populate else mmap.MAP_SHARED
     return mmap.mmap(fd, size, flags=flags)
-
-
-def _reserve(fd: int, size: int, name: str) -> None:
-    """Allocates every page of the file now: a tmpfs page that cannot be
-    allocated later would kill the writer with SIGBUS instead of an error."""
-    if not hasattr(os, "posix_fallocate"):
-        return
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        raise SharedMemoryError(
-            not_enough_memory(size, available_memory(), exc, what=name)
-        ) from exc
 
 
 def huge_bytes_mapped(mapping: Any) -> int:
@@ -472,29 +450,3 @@ def huge_bytes_mapped(mapping: Any) -> int:
         ):
             total += int(line.split()[1]) * 1024
     return total
-
-
-def not_enough_memory(
-    size: int,
-    available: int | None,
-    exc: OSError | None = None,
-    what: str = "fastq-ring",
-) -> str:
-    need = f"{_format_bytes(size)} ({size} bytes) of shared memory"
-    if exc is not None and exc.errno == errno.EFBIG:
-        return (
-            f"no room for {what}: it needs {need}, more than this process's "
-            "file-size limit allows (File too large; shared memory is a file "
-            "to the kernel). Raise the limit (ulimit -f) or use less."
-        )
-    have = "unknown" if available is None else _format_bytes(available)
-    why = f" ({exc.strerror})" if exc is not None else ""
-    fix = (
-        "Lower slots= or batch_size=, or free memory."
-        if what == "fastq-ring"
-        else "Free memory, or keep the data in a file the workers open."
-    )
-    return (
-        f"not enough memory for {what}: it needs {need} and {have} is "
-        f"available{why}. {fix}"
-    )

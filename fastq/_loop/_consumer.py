@@ -26,7 +26,7 @@ from .._core._ring import (
 from .._layout._jagged import JaggedArray
 from .._layout._packing import PackedSpec
 from .._make._state import StreamResume
-from ..errors import PrefetcherClosed, RingError, WorkerDied
+from ..errors import PrefetcherClosed, RingError, SharedMemoryError, WorkerDied
 from . import _diagnosis
 from ._cursor import EpochCursor, PassCursor
 
@@ -255,12 +255,12 @@ class Feed:
             self.wait_ns += time.perf_counter_ns() - t0
         return c.lease()
 
-    def _died(self, failure: WorkerDied) -> NoReturn:
-        self.owner.fail(
-            _diagnosis.worker_died(
+    def _died(self, failure: WorkerDied | SharedMemoryError) -> NoReturn:
+        if isinstance(failure, WorkerDied):
+            failure = _diagnosis.worker_died(
                 failure, self.ring, self.consumer, ordered=self.ordered
             )
-        )
+        self.owner.fail(failure)
 
     def hand_out(self, lease: SlotLease) -> Any:
         """The batch in a pending lease, as the iteration yields it. The

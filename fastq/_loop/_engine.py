@@ -14,7 +14,7 @@ import numpy as np
 from .._core._ring import MAX_SLOTS, Ring, SlotLease, region_size
 from .._core._shm import PAGE_SIZE, Region
 from .._workers._pool import WorkerPool
-from ..errors import PrefetcherClosed, RingError
+from ..errors import PrefetcherClosed, RingError, SharedMemoryError
 from ._autotune import Autotuner
 from ._consumer import Feed
 
@@ -167,6 +167,7 @@ class Engine:
             self.pinning = self._make_pinning()
             # Page-locked pages cannot be collapsed: pinned once settled.
             self.pinning.attach(self.region.mapping, self.region.wait_settled)
+        self.region.on_failure(self._memory_failed)
         self.batches = batches
         self.feed = Feed(
             self.ring,
@@ -178,6 +179,13 @@ class Engine:
             **options,
         )
         return self.feed
+
+    def _memory_failed(self, failure: SharedMemoryError) -> None:
+        """The region's settling thread could not reserve its memory: the
+        loop's next batch raises ``failure`` (woken if it waits)."""
+        assert self.pool is not None and self.ring is not None
+        self.pool.fail(failure)
+        self.ring.alert()
 
     def autotune(self, workers: int) -> None:
         """workers="auto": a controller parks and wakes workers by what the

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from multiprocessing import reduction
 from typing import Any, Callable
 
+from .._core._memfd import SharedFd
 from .._core._plan import Plan, PlanLayout
-from .._core._shm import SharedFd
 from .._layout._spec import BatchSpec
 from .._make._sampler import EpochSampler
 from ._handoff import handoff_for_workers

@@ -12,8 +12,8 @@ import time
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
+from .._core._memfd import SharedFd, anonymous_file
 from .._core._ring import NO_TASK, OWNER_READY, OWNER_WORKER, READY, Ring
-from .._core._shm import SharedFd, anonymous_file
 from ..errors import WorkerDied
 from ._config import STARTUP_NOTE
 from ._thread_workers import ThreadWorker

@@ -19,7 +19,13 @@ from typing import Any
 from .._core._plan import PlanLayout
 from .._core._ring import NO_TASK, OWNER_WORKER, Ring
 from .._core._shm import Region
-from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerDied
+from ..errors import (
+    ConfigError,
+    EmptySource,
+    FetchTimeout,
+    SharedMemoryError,
+    WorkerDied,
+)
 from ._config import WorkerConfig
 from ._death_watch import MAIN_REIMPORTED_EXIT, DeathWatch, main_reimported
 from ._handoff import handoff_for_workers
@@ -257,7 +263,9 @@ class WorkerPool:
         _close_pools_at_exit.install()
         self._ring = ring
         self._pid = os.getpid()
-        self.failure: WorkerDied | None = None
+        # What ends the run at the loop's next batch: the first worker's
+        # death, or the ring's memory that could not be reserved (`fail`).
+        self.failure: WorkerDied | SharedMemoryError | None = None
         self._closing = False
         self.processes: list[Any] = []
         self._channels: list[Any] = []
@@ -317,6 +325,14 @@ class WorkerPool:
         self._deaths.start(ring, self._died)
 
     def _died(self, failure: WorkerDied) -> None:
+        if self.failure is None:
+            self.failure = failure
+
+    def fail(self, failure: SharedMemoryError) -> None:
+        """The ring's memory could not be reserved (NOTE [ The ring is
+        handed over before it is settled ]): the run ends with that at the
+        loop's next batch, also where a worker died of it first (SIGBUS on
+        a page that could not be had)."""
         self.failure = failure
 
     # ------------------------------------------------ spec from a worker

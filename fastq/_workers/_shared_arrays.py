@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core._shm import SharedFd, available_memory, not_enough_memory, sized_memfd
+from .._core._memfd import SharedFd, available_memory, not_enough_memory, sized_memfd
 from ..errors import ConfigError, SharedMemoryError
 
 # Arrays at least this large travel as shared pages; smaller ones are cheaper

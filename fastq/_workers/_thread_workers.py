@@ -34,7 +34,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .._core._shm import SharedFd
+from .._core._memfd import SharedFd
 
 METHOD = "thread"
 

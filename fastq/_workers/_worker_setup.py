@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .._core._memfd import SharedFd
 from .._core._plan import Plan
-from .._core._shm import SharedFd
 from .._layout._packing import PackedSpec, measure
 from .._layout._spec import BatchSpec
 from .._make._map_fill import FirstBatch, MapFill
