@@ -32,12 +32,16 @@ def children() -> list[int]:
     return out
 
 
-def announce(pf: fastq.Prefetcher) -> None:
-    # Wait (bounded) until every worker has attached to the ring.
+def announce(pf: fastq.Prefetcher, attached: int | None = None) -> None:
+    """Prints the pids once `attached` workers (all, by default) have
+    attached to the ring (bounded): a worker stuck inside its first batch
+    never does, since it maps the ring only to deliver that batch."""
+    want = pf.workers if attached is None else attached
     deadline = time.monotonic() + 15
     ring = pf._ring
-    while time.monotonic() < deadline and not all(
-        ring.worker_stats(w)[3] for w in range(pf.workers)
+    while (
+        time.monotonic() < deadline
+        and sum(bool(ring.worker_stats(w)[3]) for w in range(pf.workers)) < want
     ):
         time.sleep(0.01)
     servers = [p for p in children() if p not in pf._pool.pids]  # the fork server
@@ -61,10 +65,11 @@ def main(scenario: str, method: str) -> None:
         time.sleep(0.3)  # let workers reach their states
         time.sleep(60)
     elif scenario == "sigint-waiting":
+        # Worker 0 is stuck inside batch 0 (sample 1), worker 1 goes on.
         with fastq.Prefetcher(
             StuckDataset(1000, stuck=1), batch_size=2, workers=2, start_method=method
         ) as pf:
-            announce(pf)
+            announce(pf, attached=1)
             print("waiting", flush=True)
             for _ in pf:
                 pass
@@ -82,8 +87,8 @@ def main(scenario: str, method: str) -> None:
         pf = fastq.Prefetcher(
             StuckDataset(1000, stuck=1), batch_size=2, workers=2, start_method=method
         )
-        announce(pf)
-        time.sleep(0.3)  # let both workers reach the stuck sample
+        announce(pf, attached=1)  # worker 0 is stuck inside batch 0
+        time.sleep(0.3)  # let worker 1 fill the ring
         print("closing", flush=True)
         try:
             pf.close()
