@@ -56,7 +56,13 @@ def _csv(config: pytest.Config, name: str) -> list[str]:
     return [x.strip() for x in str(config.getoption(name)).split(",") if x.strip()]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    # Timings need the machine to themselves: one process, whatever the
+    # project's addopts say for the tests (pytest-xdist's -n).
+    if getattr(config.option, "numprocesses", None):
+        config.option.numprocesses = 0
+        config.option.dist = "no"
     config.stash[_RESULTS] = []
     config.stash[_TABLES] = {}
 

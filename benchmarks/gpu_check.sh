@@ -41,7 +41,7 @@ if ! grep -q "fastq ready" "$out/machine-$gpu.txt"; then
     exit 1
 fi
 
-timeout 150 "$py" -m pytest -q -p no:cacheprovider tests/test_torch_cuda.py tests/test_dataloader_pinned.py \
+timeout 150 "$py" -m pytest -q -o addopts= -p no:cacheprovider tests/test_torch_cuda.py tests/test_dataloader_pinned.py \
     > "$out/cuda-tests-$gpu.txt" 2>&1
 timeout 80 "$py" -m fastq bench --case torch-startup --repeat 2 --workers 2 > "$out/torch-startup-$gpu.txt" 2>&1
 timeout 240 "$py" -m fastq bench --case train --workers 15 > "$out/train-$gpu.txt" 2>&1
