@@ -51,9 +51,13 @@ cdef class Consumer:
     one slot, waiting without the GIL, and files it the same way. ``lease``
     gives SlotLeases over the pending slot; assigning ``pending = -1``
     hands it out (an attribute store: no signal handler can run between it
-    and the caller's return). A pending batch that was never handed out,
-    because an exception interrupted the hand-out, is taken again by the
-    next ``take``. A slot goes back to FREE when it is no longer pending and
+    and the caller's return). A method call is no such place: CPython runs
+    signal handlers as a call returns, so a batch handed out inside a call
+    would be lost with its return value; ``hand_out_ready`` leaves its batch
+    pending too. A pending batch that was never handed out, because an
+    exception interrupted the hand-out, is taken again by the next
+    ``take``, and made again; what a hand-out counts is counted once, when
+    it happens. A slot goes back to FREE when it is no longer pending and
     its last lease is garbage.
     """
 
@@ -68,6 +72,12 @@ cdef class Consumer:
     cdef readonly uint32_t held       # slots pending or leased
     cdef readonly uint32_t ndeferred  # slots whose release waits
     cdef int64_t _pending             # the pending slot, or -1
+    # What the pending batch counts for when it is handed out, recorded
+    # when it is made (the same again if it is made again): its bytes as
+    # delivered (-1: not made), and whether it is an item of its worker's
+    # stream.
+    cdef int64_t _made_bytes
+    cdef bint _made_item
     cdef public uint64_t next_task    # the task ordered mode hands out next
     cdef public uint32_t pass_        # callable sources: the current pass
     cdef readonly uint64_t handed     # batches handed out (or dropped)
@@ -109,6 +119,7 @@ cdef class Consumer:
         for i in range(cap):
             self.by_task[i] = -1
         self._pending = -1
+        self._made_bytes = -1
         self.fork_gen = _fork_generation
 
     def __dealloc__(self):
@@ -211,6 +222,8 @@ cdef class Consumer:
         self.state[s] = L_PENDING
         self.held += 1
         self._pending = s
+        self._made_bytes = -1
+        self._made_item = False
         self.next_task = t + 1
 
     def drop_below(self, uint64_t task):
@@ -249,6 +262,15 @@ cdef class Consumer:
         self.handed += 1
         if h.kind == FQ_SLOT_END and h.pass_ == self.pass_:
             self.ends += 1
+        if self._made_bytes >= 0:
+            self._count_delivery(<uint64_t>self._made_bytes)
+        # An abandoned pass's batch, made before an interrupt and dropped
+        # now, is no item of this one.
+        if (self._made_item and h.pass_ == self.pass_
+                and <uint32_t>h.worker < self.nitems):
+            self.items[h.worker] += h.rows if self.count_rows else 1
+        self._made_bytes = -1
+        self._made_item = False
         self._pending = -1
         self.state[s] = L_LEASED
         if self.refs[s] == 0:
@@ -281,15 +303,15 @@ cdef class Consumer:
     def hand_out_ready(self, uint64_t lo, uint64_t hi, bint ordered,
                        BatchViews views, bint this_pass, set delivered=None,
                        frozenset skip=None):
-        """The next batch among tasks [lo, hi), taken, made by ``views`` and
-        handed out in one compiled call, when it is already here and is a
-        batch (of the current pass, with ``this_pass``; not in ``skip``);
-        else None, with whatever was taken left pending for the full path
-        (which waits, and raises errors, counts end markers and drops stale
-        batches). Its task joins ``delivered``. No Python code runs between
-        the take and the hand-out but the views' own allocations, so an
-        interrupt cannot split them; a failure there leaves the batch
-        pending, as an interrupted hand-out does."""
+        """The next batch among tasks [lo, hi), taken and made by ``views``
+        in one compiled call, when it is already here and is a batch (of
+        the current pass, with ``this_pass``; not in ``skip``); else None,
+        with whatever was taken left pending for the full path (which
+        waits, and raises errors, counts end markers and drops stale
+        batches). Its task joins ``delivered``. The batch stays pending:
+        the caller hands it out (``pending = -1``) and returns it, so that
+        an interrupt raised as this call returns leaves it to be made
+        again, not lost."""
         if not self._take(lo, hi, ordered):
             return None
         cdef uint32_t s = <uint32_t>self._pending
@@ -302,17 +324,17 @@ cdef class Consumer:
         cdef SlotLease lease = self._lease()
         batch = views.make(lease, fq_slot_data(&self.ring.ring, s),
                            <cnp.npy_intp>h.rows)
-        if self.items != NULL and <uint32_t>h.worker < self.nitems:
-            self.items[h.worker] += h.rows if self.count_rows else 1
         if delivered is not None:
             delivered.add(task)
-        self._count_delivery(h.rows * views.row_bytes)
-        self._hand_out_pending()
+        self._made_bytes = <int64_t>(h.rows * views.row_bytes)
+        self._made_item = True
         return batch
 
     def count_delivery(self, uint64_t nbytes):
-        """Counts a batch the full path hands out (stats)."""
-        self._count_delivery(nbytes)
+        """The pending batch, which the full path has made, counts as
+        delivered (``nbytes``; stats) when it is handed out."""
+        if self._pending >= 0:
+            self._made_bytes = <int64_t>nbytes
 
     cdef void _count_delivery(self, uint64_t nbytes) noexcept:
         cdef timespec now
@@ -336,10 +358,11 @@ cdef class Consumer:
         for i in range(self.nitems):
             self.items[i] = values[i]
 
-    def count_item(self, uint32_t worker, uint64_t rows):
-        """Counts an item the full path hands out: a batch, or its rows."""
-        if worker < self.nitems:
-            self.items[worker] += rows if self.count_rows else 1
+    def count_item(self):
+        """The pending batch counts as an item of its worker's stream (a
+        batch, or its rows) when the full path hands it out."""
+        if self._pending >= 0:
+            self._made_item = True
 
     cdef void _drop_ref(self, uint32_t s) noexcept:
         if self.fork_gen != _fork_generation:

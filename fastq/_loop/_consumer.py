@@ -403,6 +403,7 @@ class _EpochIterator:
                 self._skip,
             )
             if batch is not None:
+                c.pending = -1  # handed out: an attribute store, then straight out
                 return batch
         if self._token != feed.live:
             feed.check_closed(self._token)
@@ -457,6 +458,7 @@ class _PassIterator:
             # The steady state: the batch is here; one compiled call.
             batch = c.hand_out_ready(0, _ALL_TASKS, feed.ordered, views, True)
             if batch is not None:
+                c.pending = -1
                 return batch
         while self._token == feed.live and c.ends - self._ends0 < workers:
             lease = feed.next_lease(0, _ALL_TASKS)
@@ -470,7 +472,7 @@ class _PassIterator:
                 continue
             # A sample stream's state counts samples: it resumes with any
             # batch size.
-            c.count_item(lease.worker, lease.rows)
+            c.count_item()
             batch = feed.hand_out(lease)
             c.pending = -1
             return batch

@@ -96,10 +96,9 @@ def worker_error(
     else:
         # A stream: the ring's task count means nothing to the user; the
         # place in the worker's own stream does (each worker's items are
-        # handed out in its order, the failed batch counted).
+        # handed out in its order; the failed one is counted as it is
+        # handed out, after this).
         stream_place = consumer.items[worker]
-        if not sample_stream:
-            stream_place = max(0, stream_place - 1)
     return batch_error(
         report,
         worker=worker,
