@@ -139,6 +139,53 @@ def test_exit_without_close_is_prompt_and_leaves_no_worker(
     assert elapsed < 10, f"the exit took {elapsed:.1f} s"
 
 
+EXIT_WHILE_THE_RING_SETTLES = """
+import time
+import numpy as np
+import torch.utils.data
+from fastq.torch import DataLoader
+
+
+class Photos(torch.utils.data.Dataset):
+    # ImageNet-sized samples whose making keeps a core busy, so that the
+    # ring's settling (170 MB of huge pages) is still under way at exit.
+    def __len__(self):
+        return 4096
+
+    def __getitem__(self, i):
+        end = time.thread_time() + 0.003
+        while time.thread_time() < end:
+            pass
+        return np.full((3, 224, 224), i % 251, np.uint8)
+
+
+if __name__ == "__main__":
+    loader = DataLoader(Photos(), batch_size=128, shuffle=True, num_workers=4,
+                        persistent_workers=True)
+    batches = iter(loader)
+    next(batches)
+    print("first batch", flush=True)
+    # No close: the interpreter exits while the ring's thread settles it.
+"""
+
+
+@pytest.mark.torch
+def test_exit_while_the_ring_is_settled_is_prompt(tmp_path: Path) -> None:
+    """A large ring is reserved and settled by a daemon thread after it is
+    handed over; a DataLoader script that exits meanwhile has its loader
+    closed by a finalizer after that thread has stopped for good (NOTE [ A
+    region closed at interpreter exit ]): the exit must not wait for it."""
+    pytest.importorskip("torch")
+    t0 = time.monotonic()
+    try:
+        proc = run_script(tmp_path, EXIT_WHILE_THE_RING_SETTLES)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the script did not exit: {exc.stdout!r} {exc.stderr!r}")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "first batch"
+    assert time.monotonic() - t0 < 20
+
+
 # ------------------------------------------------- an error in flight
 
 

@@ -41,6 +41,15 @@ regions, and hugetlb pages (reserved at mmap), are reserved at once.
 Each worker maps the region without populating it and settles its own
 mapping the same way, on a thread of its own, so that its mapping is huge
 where the file is.
+
+NOTE [ A region closed at interpreter exit ]
+
+A loader the script never closed is closed by its finalizer, which can run
+after the interpreter has begun to exit: daemon threads, the settling one
+among them, never run again then. `Region.close` waits for the settling
+thread (it stops within a step) except then, and the thread works on a
+descriptor and a mapping reference of its own, so closing the region's
+descriptor under it harms nothing.
 """
 
 from __future__ import annotations
@@ -174,16 +183,20 @@ class Region:
         if not isinstance(self.mapping, AlignedMapping):
             return self
         self.settled.clear()
+        # The thread reserves through a descriptor of its own: close() need
+        # not wait for it to close the region's (NOTE [ A region closed at
+        # interpreter exit ]).
+        fd = os.dup(self.fd) if reserve_as is not None else -1
         thread = threading.Thread(
             target=self._settle_pages,
-            args=(collapse, until_huge, reserve_as, through_mapping),
+            args=(fd, collapse, until_huge, reserve_as, through_mapping),
             name="fastq-settle",
             daemon=True,
         )
         thread.start()
         return self
 
-    def _reserve_pages(self, name: str, through_mapping: bool) -> bool:
+    def _reserve_pages(self, fd: int, name: str, through_mapping: bool) -> bool:
         """Allocates every page of the file, a step at a time (a closed
         region stops it soon); False, with `failure` kept and reported, if
         the memory is not there."""
@@ -195,7 +208,7 @@ class Region:
                 if through_mapping:
                     through_mapping = self._populate_step(name, start, length)
                 if not through_mapping:
-                    reserve(self.fd, self.size, name, start, length)
+                    reserve(fd, self.size, name, start, length)
             except SharedMemoryError as failure:
                 with self._failure_lock:
                     self.failure = failure
@@ -222,6 +235,7 @@ class Region:
 
     def _settle_pages(
         self,
+        fd: int,
         collapse: bool,
         until_huge: bool,
         reserve_as: str | None,
@@ -229,7 +243,7 @@ class Region:
     ) -> None:
         try:
             if reserve_as is not None and not self._reserve_pages(
-                reserve_as, through_mapping
+                fd, reserve_as, through_mapping
             ):
                 return
             for attempt in range(_RESETTLE_TRIES if until_huge else 1):
@@ -250,6 +264,8 @@ class Region:
                 if not collapse or huge in (0, self.size):
                     break
         finally:
+            if fd >= 0:
+                os.close(fd)
             self.settled.set()
 
     @classmethod
@@ -392,7 +408,9 @@ class Region:
         mapping lives on while anything still references it (batches
         handed out), and goes with its last user."""
         self._closing.set()
-        self.settled.wait()
+        # NOTE [ A region closed at interpreter exit ]
+        if not sys.is_finalizing():
+            self.settled.wait()
         if self.fd >= 0 and os.getpid() == self._pid:
             os.close(self.fd)
         self.fd = -1

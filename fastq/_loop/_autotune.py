@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -259,7 +260,13 @@ class Autotuner:
     def stop(self) -> None:
         """Stops the thread and waits for it, so that none outlives close()."""
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
+        if (
+            self._thread.is_alive()
+            and self._thread is not threading.current_thread()
+            # At interpreter exit the thread never runs again (NOTE [ A
+            # region closed at interpreter exit ] in fastq/_core/_shm.py).
+            and not sys.is_finalizing()
+        ):
             self._thread.join()
 
     def report(self) -> dict[str, Any]:

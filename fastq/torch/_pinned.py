@@ -7,6 +7,7 @@ for the GPU on the ring's account."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import warnings
 import weakref
@@ -250,7 +251,14 @@ class CudaRing:
                 self.closed = True
                 self._changed.notify_all()
             for thread in (self._registrar, self._returner):
-                if thread is not None and thread is not threading.current_thread():
+                if (
+                    thread is not None
+                    and thread is not threading.current_thread()
+                    # At interpreter exit the threads never run again
+                    # (NOTE [ A region closed at interpreter exit ] in
+                    # fastq/_core/_shm.py).
+                    and not sys.is_finalizing()
+                ):
                     # Bounded: every event the returner may be waiting on
                     # has completed (synchronized above), and a
                     # registration ends.
