@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import fastq
-from fastq._workers import _pool
+from fastq._workers import _start_method
 
 PICKLING_METHODS = [
     m for m in ("spawn", "forkserver") if m in mp.get_all_start_methods()
@@ -36,7 +36,7 @@ def test_default_start_method_forks_from_this_process() -> None:
         def __getitem__(self, i: int) -> Any:
             return np.int64(os.getppid())
 
-    assert _pool.default_start_method() == "fork"
+    assert _start_method.default_start_method() == "fork"
     with fastq.Prefetcher(Parent(), batch_size=4, workers=2, copy=True) as pf:
         parents = {int(p) for b in pf for p in b}
     assert parents == {os.getpid()}

@@ -19,7 +19,7 @@ from .._layout._spec import BatchSpec
 from .._make._sampler import EpochSampler
 from .._make._state import Resume, StreamResume, check_state, check_stream_state
 from .._make._streams import check_stream_source, check_thread_sharding
-from .._workers._pool import get_context
+from .._workers._start_method import get_context
 from .._workers._thread_workers import ThreadContext
 from ..errors import ConfigError
 

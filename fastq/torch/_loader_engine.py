@@ -15,7 +15,7 @@ import torch
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
 from .._faces._planned import PlannedLoader
-from .._workers._pool import get_context
+from .._workers._start_method import get_context
 from ._pinned import CudaRing
 from ._worker_side import IterableSource, MapSource
 
