@@ -290,6 +290,48 @@ def test_a_region_reports_a_reservation_its_thread_could_not_make(
         region.close()
 
 
+class _RefusingMapping:
+    """A mapping whose MADV_POPULATE_WRITE fails with `errno_`, as the
+    kernel's does out of memory (ENOMEM) or before Linux 5.14 (EINVAL)."""
+
+    def __init__(self, errno_: int) -> None:
+        self.errno = errno_
+
+    def madvise(self, *args: Any) -> None:
+        raise OSError(self.errno, os.strerror(self.errno))
+
+
+@pytest.mark.timeout(30)
+def test_a_reservation_through_an_advised_mapping_reports_a_shortage_or_falls_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where shmem_enabled says advise, the thread allocates the pages by
+    populating the mapping: ENOMEM there is the shortage; a kernel that
+    cannot populate has the file reserved instead, in base pages."""
+    import errno
+
+    from fastq._core import _shm
+
+    size = 2 * _shm.huge_page_size()
+    short = _shm.Region(-1, size, _RefusingMapping(errno.ENOMEM), _shm.PAGES_THP)
+    told: list[BaseException] = []
+    short.on_failure(told.append)
+    assert not short._reserve_pages(-1, "fastq-ring", True)
+    assert told == [short.failure]
+    assert "Cannot allocate memory" in str(short.failure)
+
+    reserved: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        _shm,
+        "reserve",
+        lambda fd, size, name, start, length: reserved.append((start, length)),
+    )
+    old = _shm.Region(-1, size, _RefusingMapping(errno.EINVAL), _shm.PAGES_THP)
+    assert old._reserve_pages(-1, "fastq-ring", True)
+    assert old.failure is None and old.pages == _shm.PAGES_BASE
+    assert reserved == [(0, size)]
+
+
 @pytest.mark.timeout(30)
 def test_memory_gone_after_construction_ends_the_run_with_a_clear_error(
     monkeypatch: pytest.MonkeyPatch,
