@@ -12,11 +12,13 @@ CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra"]
 
 ring = Extension(
     "fastq._core._ring",
-    sources=["src_c/_ring.pyx", "src_c/fq_ring.c"],
+    sources=["src_c/_ring.pyx", "src_c/fq_ring.c", "src_c/fq_flags.c"],
     include_dirs=["src_c", numpy.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     depends=[
         "src_c/fq_ring.h",
+        "src_c/fq_layout.h",
+        "src_c/fq_wait.h",
         "src_c/fq_ring.pxd",
         "src_c/_consumer.pxi",
         "src_c/_views.pxi",

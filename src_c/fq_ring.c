@@ -1,18 +1,15 @@
-/* fq_ring: implementation of the protocol documented in fq_ring.h. */
+/* fq_ring: implementation of the protocol documented in fq_ring.h: the
+ * region's layout, the two queues and task claims. The control block's
+ * flags are in fq_flags.c; how waiters sleep, in fq_wait.h. */
 #define _GNU_SOURCE
 #include "fq_ring.h"
 
-#include <errno.h>
+#include "fq_wait.h"
+
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <time.h>
-
-#ifdef __linux__
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -50,55 +47,6 @@ uint64_t fq_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* Sleeps while *word == expected, for at most timeout_ns (< 0: unbounded).
- * Returns FQ_OK on a wake or a changed word, FQ_TIMEOUT, or FQ_EINTR. The
- * futex is process-shared (no FUTEX_PRIVATE_FLAG): waiters live in several
- * processes mapping the same memfd. */
-static int wait_word(_Atomic uint32_t *word, uint32_t expected,
-                     int64_t timeout_ns) {
-#ifdef __linux__
-    struct timespec ts, *tsp = NULL;
-    if (timeout_ns >= 0) {
-        ts.tv_sec = (time_t)(timeout_ns / 1000000000);
-        ts.tv_nsec = (long)(timeout_ns % 1000000000);
-        tsp = &ts;
-    }
-    long rc = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, tsp,
-                      NULL, 0);
-    if (rc == 0) return FQ_OK;
-    if (errno == EAGAIN) return FQ_OK; /* the word moved before we slept */
-    if (errno == ETIMEDOUT) return FQ_TIMEOUT;
-    if (errno == EINTR) return FQ_EINTR;
-    return FQ_ESYS;
-#else
-    /* Fallback for systems without futexes: a bounded nap. It is bounded by
-     * the caller's slice and only entered after the spin phase, so it costs
-     * latency, never correctness. */
-    struct timespec nap = {0, 200000};
-    if (timeout_ns >= 0 && timeout_ns < 200000) nap.tv_nsec = (long)timeout_ns;
-    if (atomic_load(word) != expected) return FQ_OK;
-    nanosleep(&nap, NULL);
-    return atomic_load(word) != expected ? FQ_OK : FQ_TIMEOUT;
-#endif
-}
-
-static void wake_word(_Atomic uint32_t *word, int count) {
-#ifdef __linux__
-    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, count, NULL, NULL, 0);
-#else
-    (void)word;
-    (void)count;
-#endif
-}
-
-/* Bumps a queue's event count and wakes `count` sleepers. */
-static void signal_queue(fq_queue *q, int count) {
-    /* seq_cst: a sleeper that read the old value sees the change in the
-     * futex call and does not sleep. */
-    atomic_fetch_add(&q->wake_seq, 1);
-    wake_word(&q->wake_seq, count);
 }
 
 /* ----------------------------------------------------------------- layout */
@@ -286,7 +234,7 @@ static void finish_push(fq_ring *r, fq_queue_id qid, fq_cell *cell,
     atomic_thread_fence(memory_order_seq_cst);
     fq_queue *q = &r->ctrl->queues[qid];
     if (atomic_load_explicit(&q->waiters, memory_order_relaxed) != 0)
-        signal_queue(q, 1);
+        fq_signal_queue(q, 1);
 }
 
 int fq_try_push(fq_ring *r, fq_queue_id qid, uint32_t slot, uint32_t owner) {
@@ -424,7 +372,7 @@ int fq_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot, uint32_t owner,
             } else {
                 int64_t left =
                     deadline == UINT64_MAX ? -1 : (int64_t)(deadline - now);
-                rc = wait_word(&q->wake_seq, key, left);
+                rc = fq_wait_word(&q->wake_seq, key, left);
                 /* Woken, or a short sleep ended (the non-futex fallback naps
                  * in slices): go round; the deadline check above ends it. */
                 if (rc == FQ_OK || rc == FQ_TIMEOUT) rc = FQ_EMPTY;
@@ -435,7 +383,7 @@ int fq_pop(fq_ring *r, fq_queue_id qid, uint32_t *slot, uint32_t owner,
             /* Pass the wake on: a pusher's wake may have been spent on us
              * while a stalled earlier push held the head of the queue, and
              * another sleeper could now miss the item left behind. */
-            signal_queue(q, 1);
+            fq_signal_queue(q, 1);
         }
         if (rc != FQ_EMPTY) return rc;
     }
@@ -501,137 +449,4 @@ uint64_t fq_skip_tasks_to(fq_ring *r, uint64_t task) {
            !atomic_compare_exchange_weak(&r->ctrl->next_task, &cur, task)) {
     }
     return cur < task ? task : cur;
-}
-
-void fq_close(fq_ring *r) {
-    fq_ctrl *c = r->ctrl;
-    /* seq_cst store before the bumps: a waiter that misses the bump sees the
-     * flag in its check before sleeping. */
-    atomic_store(&c->closed, 1);
-    atomic_fetch_add(&c->control, 1);
-    wake_word(&c->control, 0x7fffffff);
-    signal_queue(&c->queues[FQ_FREE], 0x7fffffff);
-    signal_queue(&c->queues[FQ_READY], 0x7fffffff);
-}
-
-int fq_is_closed(const fq_ring *r) { return atomic_load(&r->ctrl->closed) != 0; }
-
-void fq_alert(fq_ring *r) {
-    atomic_store(&r->ctrl->alert, 1);
-    signal_queue(&r->ctrl->queues[FQ_READY], 0x7fffffff);
-}
-
-void fq_set_pass(fq_ring *r, uint32_t pass) {
-    /* seq_cst: a worker that sees the new control value sees the pass. */
-    atomic_store(&r->ctrl->pass, pass);
-    atomic_fetch_add(&r->ctrl->control, 1);
-    wake_word(&r->ctrl->control, 0x7fffffff);
-}
-
-uint32_t fq_get_pass(const fq_ring *r) { return atomic_load(&r->ctrl->pass); }
-
-void fq_set_active(fq_ring *r, uint32_t active) {
-    fq_ctrl *c = r->ctrl;
-    if (active < 1) active = 1;
-    if (active > c->nworkers) active = c->nworkers;
-    /* seq_cst: a worker that sees the new control value sees `active`. */
-    atomic_store(&c->active, active);
-    atomic_fetch_add(&c->control, 1);
-    wake_word(&c->control, 0x7fffffff);
-}
-
-uint32_t fq_active(const fq_ring *r) { return atomic_load(&r->ctrl->active); }
-
-void fq_set_planned(fq_ring *r, uint64_t planned) {
-    fq_ctrl *c = r->ctrl;
-    uint64_t cur = atomic_load(&c->planned);
-    while (cur < planned &&
-           !atomic_compare_exchange_weak(&c->planned, &cur, planned)) {
-    }
-    /* seq_cst, after the seq_cst raise: pairs with a waiter's increment. */
-    if (atomic_load(&c->plan_waiters) > 0) {
-        atomic_fetch_add(&c->control, 1);
-        wake_word(&c->control, 0x7fffffff);
-    }
-}
-
-uint64_t fq_planned(const fq_ring *r) { return atomic_load(&r->ctrl->planned); }
-
-int fq_wait_planned(fq_ring *r, uint64_t task, int64_t timeout_ns) {
-    fq_ctrl *c = r->ctrl;
-    if (atomic_load(&c->planned) > task) return FQ_OK;
-    atomic_fetch_add(&c->plan_waiters, 1);
-    uint32_t key = atomic_load(&c->control);
-    atomic_thread_fence(memory_order_seq_cst);
-    int rc;
-    if (atomic_load(&c->planned) > task) {
-        rc = FQ_OK;
-    } else if (atomic_load(&c->closed)) {
-        rc = FQ_CLOSED;
-    } else {
-        rc = wait_word(&c->control, key, timeout_ns);
-        if (atomic_load(&c->closed)) {
-            rc = FQ_CLOSED;
-        } else if (atomic_load(&c->planned) > task) {
-            rc = FQ_OK;
-        } else if (rc == FQ_OK) {
-            rc = FQ_TIMEOUT; /* woken for something else: the caller retries */
-        }
-    }
-    atomic_fetch_sub(&c->plan_waiters, 1);
-    return rc;
-}
-
-void fq_plan_begin_write(void *entry) {
-    atomic_store_explicit((_Atomic uint64_t *)entry, FQ_NO_TASK,
-                          memory_order_relaxed);
-    /* The clear is visible before any index written after it. */
-    atomic_thread_fence(memory_order_release);
-}
-
-void fq_plan_end_write(void *entry, uint64_t task) {
-    atomic_store_explicit((_Atomic uint64_t *)entry, task, memory_order_release);
-}
-
-uint64_t fq_plan_task(const void *entry) {
-    return atomic_load_explicit((_Atomic uint64_t *)entry, memory_order_acquire);
-}
-
-uint64_t fq_plan_recheck(const void *entry) {
-    /* The copied indices are read before this load. */
-    atomic_thread_fence(memory_order_acquire);
-    return atomic_load_explicit((_Atomic uint64_t *)entry, memory_order_relaxed);
-}
-
-uint32_t fq_control(const fq_ring *r) { return atomic_load(&r->ctrl->control); }
-
-int fq_wait_control(fq_ring *r, uint32_t seen, int64_t timeout_ns) {
-    if (atomic_load(&r->ctrl->closed)) return FQ_CLOSED;
-    if (atomic_load(&r->ctrl->control) != seen) return FQ_OK;
-    int rc = wait_word(&r->ctrl->control, seen, timeout_ns);
-    if (atomic_load(&r->ctrl->closed)) return FQ_CLOSED;
-    if (rc == FQ_OK || atomic_load(&r->ctrl->control) != seen) return FQ_OK;
-    return rc;
-}
-
-/* ----------------------------------------------------------- worker table */
-
-void fq_worker_set_pid(fq_ring *r, uint32_t w, int32_t pid) {
-    atomic_store_explicit(&r->workers[w].pid, pid, memory_order_relaxed);
-}
-
-void fq_worker_done(fq_ring *r, uint32_t w, uint64_t busy_ns,
-                     uint64_t wait_ns) {
-    fq_worker_entry *e = &r->workers[w];
-    atomic_fetch_add_explicit(&e->batches, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&e->busy_ns, busy_ns, memory_order_relaxed);
-    atomic_fetch_add_explicit(&e->wait_ns, wait_ns, memory_order_relaxed);
-}
-
-void fq_worker_read(const fq_ring *r, uint32_t w, fq_worker_stats *out) {
-    fq_worker_entry *e = &r->workers[w];
-    out->batches = atomic_load_explicit(&e->batches, memory_order_relaxed);
-    out->busy_ns = atomic_load_explicit(&e->busy_ns, memory_order_relaxed);
-    out->wait_ns = atomic_load_explicit(&e->wait_ns, memory_order_relaxed);
-    out->pid = atomic_load_explicit(&e->pid, memory_order_relaxed);
 }

@@ -17,7 +17,12 @@ import pytest
 
 SRC_C = Path(__file__).resolve().parent.parent / "src_c"
 TESTS_C = SRC_C / "tests"
-SOURCES = [TESTS_C / "stress_ring.c", TESTS_C / "stress_fork.c", SRC_C / "fq_ring.c"]
+SOURCES = [
+    TESTS_C / "stress_ring.c",
+    TESTS_C / "stress_fork.c",
+    SRC_C / "fq_ring.c",
+    SRC_C / "fq_flags.c",
+]
 CC = shutil.which("cc") or shutil.which("gcc")
 
 # Mirrors src_c/tests/Makefile: keep the two in step.
