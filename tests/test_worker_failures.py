@@ -72,6 +72,46 @@ def failing_init(worker_id: int) -> None:
     raise RuntimeError(f"init failed in worker {worker_id}")
 
 
+def late_failing_init(worker_id: int) -> None:
+    """Worker 0 fails last: its report reaches the consumer after the
+    others'."""
+    if worker_id == 0:
+        time.sleep(0.3)
+    raise RuntimeError(f"init failed in worker {worker_id}")
+
+
+@pytest.mark.parametrize("face", ["Prefetcher", "DataLoader"])
+def test_the_lowest_workers_init_failure_is_raised_whichever_came_first(
+    face: str,
+) -> None:
+    """Every worker starts at once and every worker_init fails, worker 0's
+    last: worker 0's is raised, as DataLoader raises the first batch's
+    error first."""
+    if face == "Prefetcher":
+        with pytest.raises(fastq.WorkerError, match="init failed in worker 0"):
+            fastq.Prefetcher(
+                PatternDataset(8),
+                batch_size=2,
+                workers=3,
+                worker_init=late_failing_init,
+                start_method="fork",
+            )
+        return
+    fastq_torch = pytest.importorskip("fastq.torch")
+    loader = fastq_torch.DataLoader(
+        PatternDataset(8),
+        batch_size=2,
+        num_workers=3,
+        worker_init_fn=late_failing_init,
+        multiprocessing_context="fork",
+    )
+    with pytest.raises(RuntimeError, match="init failed in worker 0") as info:
+        next(iter(loader))
+    said = str(info.value) + "".join(getattr(info.value, "__notes__", []))
+    assert "raised in fastq worker 0" in said
+    assert "batch -1" not in said, "a worker_init_fn's failure belongs to no batch"
+
+
 @pytest.mark.parametrize(
     "signum,name", [(signal.SIGKILL, "SIGKILL"), (signal.SIGSEGV, "SIGSEGV")]
 )

@@ -75,16 +75,19 @@ def receive_map_spec(pool: Any, plans: list[Plan], timeout: float | None) -> Bat
         if isinstance(answer, SpecFound):
             spec: BatchSpec = answer.spec
             return spec
+        waiting.remove(worker)
         if isinstance(answer, WorkerInitFailed):
-            raise init_failed(
+            raise lowest_init_failure(
+                pool,
+                worker,
                 answer,
-                worker=worker,
-                pid=pool.pids[worker],
+                waiting,
+                timeout,
+                deadline,
                 where="its first batch, in worker_init",
             )
         assert isinstance(answer, FirstItemFailed)  # a map-style stream never ends
         failed[worker] = answer
-        waiting.remove(worker)
         if not waiting:
             first = plans[0]
             raise first_item_failed(
@@ -94,6 +97,33 @@ def receive_map_spec(pool: Any, plans: list[Plan], timeout: float | None) -> Bat
                 task=first.task,
                 indices=first.indices,
             )
+
+
+def lowest_init_failure(
+    pool: Any,
+    worker: int,
+    answer: WorkerInitFailed,
+    waiting: list[int],
+    timeout: float | None,
+    deadline: float | None,
+    where: str,
+) -> Exception:
+    """The error to raise once ``worker``'s worker_init has failed while
+    every worker was starting at once: that of the lowest worker whose
+    worker_init failed, as DataLoader raises the first batch's error first
+    whichever worker reported before it. Awaits the answers of the lower
+    workers still ``waiting``; an answer that is not an init failure rules
+    its worker out (the run ends all the same)."""
+    lowest = (worker, answer)
+    lower = [w for w in waiting if w < worker]
+    while lower:
+        w, other = pool.receive_any(lower, timeout, deadline=deadline)
+        lower.remove(w)
+        if isinstance(other, WorkerInitFailed):
+            lowest = (w, other)
+            lower = [v for v in lower if v < w]
+    worker, answer = lowest
+    return init_failed(answer, worker=worker, pid=pool.pids[worker], where=where)
 
 
 def claim_kept(ring: Ring, kept: list[tuple[int, int]]) -> None:

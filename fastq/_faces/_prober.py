@@ -24,6 +24,7 @@ from .._workers._handshake import (
     WorkerInitFailed,
 )
 from .._workers._pool import WorkerPool
+from ._first_batch import lowest_init_failure
 
 # Where a worker_init_fn's exception is said to have come from.
 _INIT = "its worker_init_fn"
@@ -164,12 +165,18 @@ class FirstBatchProber:
                 kept = list(enumerate(self._round_plans))
                 self._found(answer.spec, kept, worker)
                 return
+            del self._round[worker]
             if isinstance(answer, WorkerInitFailed):
-                raise init_failed(
-                    answer, worker=worker, pid=pool.pids[worker], where=_INIT
+                raise lowest_init_failure(
+                    pool,
+                    worker,
+                    answer,
+                    list(self._round),
+                    self._timeout,
+                    deadline,
+                    where=_INIT,
                 )
             assert isinstance(answer, FirstItemFailed)  # a planned task
-            del self._round[worker]
             self._round_failed[worker] = answer
         for worker, plan in enumerate(self._round_plans):
             self.errors.append(

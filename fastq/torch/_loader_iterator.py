@@ -156,10 +156,11 @@ def with_own_type(error: WorkerError) -> BaseException:
     original = error.__cause__
     if not isinstance(original, Exception):
         return error
-    where = (
-        f"raised in fastq worker {error.worker} while producing batch "
-        f"{error.task}" + ("" if error.sample is None else f", sample {error.sample!r}")
-    )
+    where = f"raised in fastq worker {error.worker}"
+    if error.task >= 0:  # not a worker_init_fn's, nor a stream's (no task)
+        where += f" while producing batch {error.task}"
+    if error.sample is not None:
+        where += f", sample {error.sample!r}"
     note = f"{where}. Remote traceback:\n{error.remote_traceback}"
     if hasattr(original, "add_note"):
         original.add_note(note)
