@@ -1,5 +1,5 @@
-"""The C ring's stress and fault tests (src_c/tests/stress_ring.c and
-stress_fork.c), built plain, under ThreadSanitizer and under
+"""The C ring's stress and fault tests (src_c/tests/, stress_ring.c's
+header says what each mode checks), built plain, under ThreadSanitizer and under
 AddressSanitizer + UBSan, and run: the threaded stress, a push meeting a
 popper stalled inside its pop, and worker and consumer processes killed
 (SIGKILL) or paused (SIGSTOP) at each fault point of the queue operations."""
@@ -17,12 +17,8 @@ import pytest
 
 SRC_C = Path(__file__).resolve().parent.parent / "src_c"
 TESTS_C = SRC_C / "tests"
-SOURCES = [
-    TESTS_C / "stress_ring.c",
-    TESTS_C / "stress_fork.c",
-    SRC_C / "fq_ring.c",
-    SRC_C / "fq_flags.c",
-]
+# The stress program's files and the ring's (the Makefile's SRC).
+SOURCES = [*sorted(TESTS_C.glob("*.c")), SRC_C / "fq_ring.c", SRC_C / "fq_flags.c"]
 CC = shutil.which("cc") or shutil.which("gcc")
 
 # Mirrors src_c/tests/Makefile: keep the two in step.

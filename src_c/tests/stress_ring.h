@@ -1,13 +1,15 @@
 /*
- * What the threaded modes (stress_ring.c) and the forked-process fault
- * modes (stress_fork.c) of the ring stress test share: reporting, seeded
- * randomness, the slot content every consumer recomputes, and the region.
+ * What the threaded modes (stress_threads.h) and the forked-process fault
+ * modes (fork_scenario.h) of the ring stress test share, in
+ * stress_common.c: reporting, seeded randomness, the slot content every
+ * consumer recomputes, and the region.
  */
 #ifndef STRESS_RING_H
 #define STRESS_RING_H
 
 #include "../fq_ring.h"
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +31,10 @@ void violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *status_name(int rc);
 /* "WORKER(3)", "CONSUMER", ...: for messages; buf needs 32 bytes. */
 const char *owner_name(uint32_t owner, char *buf);
+
+/* The census words of a slot the consumer holds, and of one on FREE. */
+#define CONSUMER_OWNER FQ_OWNER(FQ_OWNER_CONSUMER, 0)
+#define FREE_OWNER FQ_OWNER(FQ_OWNER_FREE, 0)
 
 /* A census check that does not look at the task word. */
 #define ANY_TASK (FQ_NO_TASK - 1)
@@ -59,8 +65,12 @@ typedef struct region {
 int region_open(region *g, uint32_t nslots, uint32_t nworkers,
                 uint64_t slot_bytes, uint64_t spin_ns);
 void region_close(region *g);
+/* Joins t, or gives up at the deadline (exit 3): a hung ring must not hang
+ * CI. */
+void join_or_die(pthread_t t, uint64_t deadline, const char *what);
 
-/* The forked-process modes (stress_fork.c); each returns the exit status. */
+/* The forked-process modes (fork_kills.c, fork_stops.c); each returns the
+ * exit status. */
 typedef struct fork_opts {
     uint32_t sweeps; /* times through the scenario list */
     uint64_t seed;
