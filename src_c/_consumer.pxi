@@ -252,6 +252,13 @@ cdef class Consumer:
             raise ValueError("pending can only be set to -1 (handed out)")
         self._hand_out_pending()
 
+    @property
+    def pending_task(self):
+        """The task of the pending batch, or -1 when none is pending."""
+        if self._pending < 0:
+            return -1
+        return fq_slot_task(&self.ring.ring, <uint32_t>self._pending)
+
     cdef void _hand_out_pending(self) noexcept:
         cdef int64_t s = self._pending
         if s < 0:

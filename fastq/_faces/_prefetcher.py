@@ -354,7 +354,7 @@ class Prefetcher(Face):
                 shuffle_buffer=self.shuffle_buffer,
                 seed=self.seed,
             )
-        epoch, done, above = feed.epochs.place(feed.consumer.handed)
+        epoch, done, above = feed.epoch_place()
         return make_state(
             self._settings.sampler, epoch=epoch, done=done, delivered=above
         )

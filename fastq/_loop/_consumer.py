@@ -171,6 +171,13 @@ class Feed:
             self.turns.begin(c.pass_)
         return _PassIterator(self, self.live, c.ends)
 
+    def epoch_place(self) -> tuple[int, int, list[int] | None]:
+        """Where a map-style source's state saved now resumes (EpochCursor.
+        place): what was handed out, not a batch left pending by an
+        interrupt, which the resumed run then delivers."""
+        c = self.consumer
+        return self.epochs.place(c.handed, c.pending_task)
+
     def stream_place(self) -> StreamResume:
         """Where a stream is: the pass in progress and each worker's items
         delivered in it; between passes (or with a state loaded, not yet

@@ -93,10 +93,15 @@ class EpochCursor:
         self.resume_batch = resume.first
         self.resume_skip = resume.skip
 
-    def place(self, handed: int) -> tuple[int, int, list[int] | None]:
+    def place(
+        self, handed: int, pending: int = -1
+    ) -> tuple[int, int, list[int] | None]:
         """Where a state saved now resumes: (epoch, the batches of it
         delivered as a prefix, those delivered past the prefix; None in
-        ordered mode). ``handed``: the consumer's count so far."""
+        ordered mode). ``handed``: the consumer's count so far;
+        ``pending``: the task of a batch taken but not handed out (an
+        interrupted next() leaves it so; the unordered set already has
+        it), or -1."""
         if not self.in_epoch:  # between epochs, or a state loaded, not used
             above = None if self.ordered else sorted(self.resume_skip)
             return self.epoch + 1, self.resume_batch, above
@@ -104,7 +109,7 @@ class EpochCursor:
         if self.ordered:
             return self.epoch, done + handed - self.handed0, None
         assert self.delivered is not None
-        got = {t - self.start for t in self.delivered}
+        got = {t - self.start for t in self.delivered if t != pending}
         while done in got:
             done += 1
         return self.epoch, done, sorted(b for b in got if b > done)
