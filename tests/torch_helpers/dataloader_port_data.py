@@ -1,5 +1,5 @@
 """Datasets, samplers, collate and init functions for
-tests/test_dataloader_port.py (the port of PyTorch's test_dataloader.py).
+tests/dataloader_port/ (the port of PyTorch's test_dataloader.py).
 
 Everything that travels to a worker lives here, at module level, so that
 spawn and forkserver workers can import it by name."""
