@@ -4,9 +4,7 @@ where there is something to compare."""
 
 from __future__ import annotations
 
-import gc
 import inspect
-import json
 import os
 import re
 import warnings
@@ -21,15 +19,11 @@ from torch.utils.data import BatchSampler, RandomSampler  # noqa: E402
 from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 from torch_helpers.dataloader_port_data import (  # noqa: E402
     CountingIterableDataset,
-    WorkerSpecificIterableDataset,
 )
+from torch_helpers.loader_checks import children, same  # noqa: E402
 from torch_helpers.loader_data import (  # noqa: E402
     Augmented,
-    FailsAt,
-    FailsBelow,
-    FirstItemFails,
     Growing,
-    MarksFirst,
     Mixed,
     OnlyInWorkers,
     Pairs,
@@ -44,25 +38,6 @@ import fastq  # noqa: E402
 from fastq.torch import DataLoader, DataLoaderTimeout  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(90)]
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equal structure, types and values (tensors bit for bit)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return bool(a == b)
-
-
-def children() -> list[int]:
-    import multiprocessing as mp
-
-    return [p.pid for p in mp.active_children() if p.name.startswith("fastq-")]
 
 
 def test_signature_is_dataloaders_then_fastqs_own() -> None:
@@ -152,125 +127,6 @@ def test_each_sample_is_read_once_per_epoch(tmp_path: Any, worker0_late: None) -
     assert os.getpid() not in {c.pid for c in read}
 
 
-def test_a_workers_exception_keeps_its_type_and_the_epoch_goes_on() -> None:
-    loader = DataLoader(FailsAt(12, bad=5), batch_size=2, num_workers=2)
-    it = iter(loader)
-    got = [next(it), next(it)]
-    with pytest.raises(KeyError, match="no sample 5") as info:
-        next(it)
-    assert info.value.fastq_sample == 5 and info.value.fastq_task == 2
-    assert "Remote traceback" in "".join(getattr(info.value, "__notes__", []))
-    remote = info.value.remote_traceback  # as docs/dataloader.md promises
-    assert "KeyError" in remote and "__getitem__" in remote
-    assert info.value.fastq_remote_traceback == remote
-    got += list(it)  # DataLoader goes on past a failed batch
-    assert sorted(x for b in got for x in b.tolist()) == [0, 1, 2, 3, *range(6, 12)]
-
-
-@pytest.mark.parametrize("persistent_workers", [False, True])
-def test_first_batches_that_fail_are_raised_in_turn_and_the_epoch_goes_on(
-    persistent_workers: bool,
-) -> None:
-    """No batch has sized the slots yet: each failure is still raised at its
-    turn, with its own type and sample, and the epoch goes on; so does the
-    next one."""
-    loader = DataLoader(
-        FailsBelow(12, bad_below=5),
-        batch_size=2,
-        num_workers=2,
-        persistent_workers=persistent_workers,
-    )
-    for _ in range(2):
-        it = iter(loader)
-        tasks = []
-        for sample in [0, 2, 4]:
-            with pytest.raises(KeyError, match=f"no sample {sample}") as info:
-                next(it)
-            assert info.value.fastq_sample == sample
-            tasks.append(info.value.fastq_task)
-        assert tasks == list(range(tasks[0], tasks[0] + 3))
-        assert [b.tolist() for b in it] == [[6, 7], [8, 9], [10, 11]]
-
-
-def test_an_epoch_of_failing_batches_raises_each_then_ends() -> None:
-    loader = DataLoader(FailsBelow(6, bad_below=6), batch_size=2, num_workers=2)
-    it = iter(loader)
-    for sample in (0, 2, 4):
-        with pytest.raises(KeyError, match=f"no sample {sample}"):
-            next(it)
-    with pytest.raises(StopIteration):
-        next(it)
-    assert loader.stats() == {}
-
-
-def test_an_error_caught_in_the_loop_holds_no_slot() -> None:
-    """A worker's exception, caught and dropped, returns its slot at once:
-    no reference cycle through the error waits for a garbage-collector
-    pass (with the collector off, 19 errors go through two slots)."""
-    bad = tuple((0, k) for k in range(1, 20))
-    loader = DataLoader(Turns([20], bad=bad), batch_size=None, num_workers=1, slots=1)
-    it = iter(loader)
-    good: list[list[int]] = []
-    errors = 0
-    gc.disable()
-    try:
-        for _ in range(25):
-            try:
-                item = next(it)
-            except StopIteration:
-                break
-            except ValueError:
-                errors += 1
-            else:
-                good.append([int(x) for x in item])
-                del item
-    finally:
-        gc.enable()
-    assert good == [[0, 0]]
-    assert errors == 19
-
-
-def test_a_loop_left_at_a_first_batch_error_starts_whole_next_time() -> None:
-    """A notebook cell that stops at the first batch's error, run again."""
-    loader = DataLoader(
-        FailsBelow(8, bad_below=1), batch_size=2, num_workers=2, persistent_workers=True
-    )
-    with pytest.raises(KeyError):
-        for _ in loader:
-            pass
-    with pytest.raises(KeyError, match="no sample 0"):
-        next(iter(loader))
-    it = iter(loader)
-    with pytest.raises(KeyError):
-        next(it)
-    assert [b.tolist() for b in it] == [[2, 3], [4, 5], [6, 7]]
-
-
-def test_an_iterable_whose_first_item_fails_goes_on() -> None:
-    loader = DataLoader(FirstItemFails(12), batch_size=2, num_workers=2)
-    it = iter(loader)
-    with pytest.raises(ValueError, match="the first item is bad"):
-        next(it)
-    got = sorted(x for b in it for x in b.tolist())
-    assert got == list(range(12))
-
-
-@pytest.mark.parametrize("persistent_workers", [False, True])
-def test_an_iterable_with_nothing_in_its_first_workers_sizes_from_another(
-    persistent_workers: bool,
-) -> None:
-    loader = DataLoader(
-        WorkerSpecificIterableDataset([0, 0, 5]),
-        batch_size=2,
-        num_workers=3,
-        persistent_workers=persistent_workers,
-    )
-    for _ in range(2):
-        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
-    nothing = DataLoader(WorkerSpecificIterableDataset([0, 0]), num_workers=2)
-    assert list(nothing) == []
-
-
 def test_torch_randomness_does_not_depend_on_the_number_of_workers() -> None:
     runs = []
     for workers in (1, 2):
@@ -311,148 +167,6 @@ def test_an_iter_abandoned_or_a_peek_uses_no_epoch() -> None:
     next(it)
     next(it)
     assert loader.epoch == 6
-
-
-def test_set_epoch_on_a_distributed_sampler_names_the_epoch() -> None:
-    from torch.utils.data.distributed import DistributedSampler
-
-    ds = Augmented(8)
-    sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=1)
-    loader = DataLoader(
-        ds, batch_size=2, sampler=sampler, num_workers=1, persistent_workers=True
-    )
-    sampler.set_epoch(4)  # where Lightning calls it
-    a = list(loader)
-    loader.set_epoch(4)
-    assert sampler.epoch == 4
-    b = list(loader)
-    for x, y in zip(a, b):
-        assert same(x, y)
-    assert len(a) == 2
-    loader.close()
-
-
-def test_resuming_at_an_epoch_repeats_it_exactly() -> None:
-    torch.manual_seed(0)
-    loader = DataLoader(
-        Augmented(12), batch_size=4, num_workers=2, persistent_workers=True
-    )
-    epochs = [list(loader) for _ in range(3)]
-    loader.close()
-    torch.manual_seed(0)
-    resumed = DataLoader(
-        Augmented(12), batch_size=4, num_workers=1, persistent_workers=True
-    )
-    resumed.epoch = 2
-    for a, b in zip(list(resumed), epochs[2]):
-        assert torch.equal(a[0], b[0])
-    resumed.close()
-
-
-def loader_for_state(workers: int, persistent: bool) -> DataLoader:
-    return DataLoader(
-        Augmented(40),
-        batch_size=4,
-        shuffle=True,
-        num_workers=workers,
-        persistent_workers=persistent,
-    )
-
-
-@pytest.mark.parametrize("persistent_workers", [False, True])
-def test_state_dict_resumes_mid_epoch_bit_identical(persistent_workers: bool) -> None:
-    """A checkpoint in epoch 1, a new process (another global seed, another
-    number of workers): the rest of epoch 1 and epoch 2 are the
-    uninterrupted run's, shuffling and augmentations included."""
-    torch.manual_seed(3)
-    ref = loader_for_state(2, persistent_workers)
-    want = [list(ref) for _ in range(3)]
-    ref.close()
-    torch.manual_seed(3)
-    loader = loader_for_state(2, persistent_workers)
-    list(loader)
-    it = iter(loader)
-    got = [next(it) for _ in range(4)]
-    state = json.loads(json.dumps(loader.state_dict()))
-    assert state["epoch"] == 1 and state["batches_done"] == 4
-    loader.close()
-    torch.manual_seed(999)
-    resumed = loader_for_state(3, persistent_workers)
-    resumed.load_state_dict(state)
-    assert same(got + list(resumed), want[1])
-    assert same(list(resumed), want[2])
-    resumed.close()
-
-
-def test_state_dict_at_an_epochs_end_resumes_at_the_next() -> None:
-    torch.manual_seed(5)
-    ref = loader_for_state(2, False)
-    want = [list(ref) for _ in range(2)]
-    torch.manual_seed(5)
-    loader = loader_for_state(2, False)
-    list(loader)
-    state = loader.state_dict()
-    assert state["epoch"] == 1 and state["batches_done"] == 0
-    resumed = loader_for_state(1, False)
-    resumed.load_state_dict(state)
-    assert same(list(resumed), want[1])
-    # After the last batch, before StopIteration: the next epoch too.
-    torch.manual_seed(5)
-    ref = loader_for_state(2, True)
-    want = [list(ref) for _ in range(2)]
-    ref.close()
-    torch.manual_seed(5)
-    loader = loader_for_state(2, True)
-    it = iter(loader)
-    for _ in range(len(loader)):
-        next(it)
-    state = loader.state_dict()
-    assert state["batches_done"] == len(loader)
-    loader.close()
-    resumed = loader_for_state(2, True)
-    resumed.load_state_dict(state)
-    assert same(list(resumed), want[1])
-    resumed.close()
-
-
-def test_load_state_dict_after_iter_ends_that_loop() -> None:
-    loader = loader_for_state(2, True)
-    state = loader.state_dict()
-    it = iter(loader)
-    next(it)
-    loader.load_state_dict(state)
-    with pytest.raises(fastq.ConfigError, match=r"call iter\(\) again"):
-        next(it)
-    assert len(list(loader)) == 10
-    loader.close()
-
-
-def test_a_state_of_another_dataset_is_refused() -> None:
-    loader = loader_for_state(2, False)
-    state = {**loader.state_dict(), "samples": 41}
-    with pytest.raises(fastq.ConfigError, match=r"samples'\]=41.*samples=40"):
-        loader.load_state_dict(state)
-    state = {**loader.state_dict(), "batches": 5}
-    with pytest.raises(fastq.ConfigError, match="batch_size"):
-        loader.load_state_dict(state)
-    with pytest.raises(TypeError, match="IterableDataset's place"):
-        DataLoader(Sharded(8), num_workers=1).state_dict()
-
-
-def test_a_state_of_another_world_size_names_both_and_the_reshard() -> None:
-    from torch.utils.data.distributed import DistributedSampler
-
-    def on(world_size: int) -> DataLoader:
-        data = Augmented(40)
-        sampler = DistributedSampler(data, num_replicas=world_size, rank=0)
-        return DataLoader(data, batch_size=2, sampler=sampler, num_workers=1)
-
-    state = on(2).state_dict()
-    assert state["world_size"] == 2
-    with pytest.raises(
-        fastq.ConfigError, match=r"world_size'\]=2.*world_size=4.*TorchPrefetcher"
-    ):
-        on(4).load_state_dict(state)
 
 
 def test_batch_sampler_with_variable_sizes_up_to_a_bound() -> None:
@@ -530,9 +244,23 @@ def test_a_dataset_that_grows_is_read_at_each_epoch() -> None:
     assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5]]
 
 
-def test_timeout_is_catchable_as_dataloaders() -> None:
-    from torch_helpers.loader_data import Mixed as _  # noqa: F401
+class Slow(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Each sample takes 5 s: past any timeout the tests give."""
 
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import time
+
+        time.sleep(5)
+        return i
+
+
+def test_timeout_is_catchable_as_dataloaders() -> None:
     loader = DataLoader(Slow(4), batch_size=1, num_workers=1, timeout=0.5)
     with pytest.raises(RuntimeError) as info:
         list(loader)
@@ -656,20 +384,6 @@ def test_random_sampler_with_a_generator_matches_torch() -> None:
     assert len(list(DataLoader(Mixed(10), batch_sampler=sampler, num_workers=1))) == 2
 
 
-class Slow(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        import time
-
-        time.sleep(5)
-        return i
-
-
 def test_prefetcher_iterates_a_torch_iterable_dataset_with_a_len() -> None:
     """Its len does not make it map-style: each worker iterates it as a
     sample stream, and torch's get_worker_info() shards it."""
@@ -690,108 +404,3 @@ def test_an_abandoned_epoch_leaves_the_next_one_whole_with_persistent_workers() 
         got = [x for b in loader for x in b[1].tolist()]
         assert got == list(range(60))
     loader.close()
-
-
-def test_a_killed_worker_is_workerdied_and_the_next_epoch_starts_afresh() -> None:
-    import signal
-
-    loader = DataLoader(Mixed(400), batch_size=2, num_workers=2)
-    it = iter(loader)
-    next(it)
-    engine = loader._engine
-    assert engine is not None and engine._pool is not None
-    os.kill(engine._pool.pids[1], signal.SIGKILL)
-    with pytest.raises(fastq.WorkerDied, match="SIGKILL"):
-        for _ in it:
-            pass
-    del it
-    assert len(list(loader)) == 200  # new workers, every batch
-
-
-def test_the_worker_that_sized_the_slots_may_start_last(tmp_path: Any) -> None:
-    """Worker 0 makes the first batch before the ring exists. Stopped right
-    after it, it finds every slot taken by the other worker's later batches
-    when it resumes: the first batch must not wait for it (it did, forever,
-    when worker 0 kept that batch's task outside the ring's claim order)."""
-    import signal
-    import threading
-    import time
-
-    mark = tmp_path / "first"
-
-    def stop_the_first_maker() -> None:
-        while not mark.exists():
-            time.sleep(0.0005)
-        pid = int(mark.read_text())
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(1.0)  # worker 1 fills the slots meanwhile
-        os.kill(pid, signal.SIGCONT)
-
-    stopper = threading.Thread(target=stop_the_first_maker)
-    stopper.start()
-    try:
-        loader = DataLoader(
-            MarksFirst(40, str(mark)), batch_size=2, num_workers=2, timeout=20
-        )
-        got = sorted(int(i) for b in loader for i in b)
-    finally:
-        stopper.join()
-    assert got == list(range(40))
-
-
-def test_ctrl_c_while_waiting_then_running_the_cell_again() -> None:
-    import signal
-    import threading
-
-    loader = DataLoader(SlowAt(6, 4), batch_size=2, num_workers=1)
-    it = iter(loader)
-    assert next(it).tolist() == [0, 1]
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        for _ in it:
-            pass
-    timer.join()
-    del it
-    # The notebook user runs the cell again: a whole epoch, in order.
-    assert [x for b in loader for x in b.tolist()] == list(range(6))
-
-
-def test_a_helper_forked_mid_epoch_takes_no_batch() -> None:
-    loader = DataLoader(Mixed(40), batch_size=2, num_workers=2)
-    it = iter(loader)
-    got = next(it)[1].tolist()
-    pid = os.fork()
-    if pid == 0:  # the helper: iterating the parent's loop must fail
-        code = 1
-        try:
-            next(it)
-        except fastq.PrefetcherClosed:
-            code = 0
-        except BaseException:
-            code = 2
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    got += [x for b in it for x in b[1].tolist()]
-    assert got == list(range(40))
-
-
-class SlowAt(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    """Sample i is i; sample `slow` takes 3 s in the first epoch's workers."""
-
-    def __init__(self, n: int, slow: int) -> None:
-        self.n = n
-        self.slow = slow
-        self.slept = False
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        import time
-
-        if i == self.slow and not self.slept:
-            self.slept = True
-            time.sleep(3)
-        return i
