@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 Job = TypeVar("Job")
@@ -31,6 +32,15 @@ def run_module(module: str, job: Any, timeout_s: float) -> tuple[Any, str | None
     except (IndexError, ValueError):
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return None, f"exit {proc.returncode}: {tail}"
+
+
+def serve_job(config: Callable[..., Job], measure: Callable[[Job], Any]) -> int:
+    """A job module's side (``python -m MODULE JOB``): ``measure`` of the
+    ``config`` the JOB's JSON gives, its answer (a dataclass) printed as the
+    last line of JSON."""
+    run = measure(config(**json.loads(sys.argv[1])))
+    print(json.dumps(asdict(run)), flush=True)
+    return 0
 
 
 def run_job(

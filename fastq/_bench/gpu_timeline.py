@@ -13,7 +13,6 @@ JSON; the Run comes back as JSON on the last line of standard output."""
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .fresh import run_in_turn, run_job
+from .fresh import run_in_turn, run_job, serve_job
 from .train_loop import close_loader, epochs, repeat
 
 LOADERS = ("DataLoader", "fastq.torch.DataLoader", "TorchPrefetcher", "ceiling")
@@ -300,12 +299,5 @@ def table(runs: Sequence[Run]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    cfg = Config(**json.loads(argv[0]))
-    run = measure(cfg)
-    print(json.dumps(asdict(run)), flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve_job(Config, measure))

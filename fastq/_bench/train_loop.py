@@ -5,15 +5,15 @@ that no loader's workers, CUDA state or heap reach another's run."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from collections.abc import Callable, Generator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import procstat
+from .fresh import serve_job
 
 # The loaders, in the tables' order; "ceiling" is one batch held on the
 # device and trained on again at every step: no loader can do better.
@@ -218,12 +218,5 @@ def close_loader(loader: Any) -> None:
         it._shutdown_workers()
 
 
-def main(argv: list[str]) -> int:
-    cfg = Config(**json.loads(argv[0]))
-    run = measure(cfg)
-    print(json.dumps(asdict(run)), flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve_job(Config, measure))
