@@ -48,6 +48,7 @@ class EpochCursor:
         self.done_before = 0
         self.handed0 = 0
         self.delivered: set[int] | None = None
+        self.skipped: frozenset[int] = frozenset()  # tasks a state delivered
 
     def upcoming(self, batches_per_epoch: int) -> EpochSpan:
         """The next epoch's loop, as ``enter`` will begin it."""
@@ -77,6 +78,7 @@ class EpochCursor:
         self.done_before = span.first - span.start
         self.handed0 = handed
         self.delivered = None if self.ordered else set(span.skip)
+        self.skipped = span.skip
         self.resume_batch, self.resume_skip = 0, frozenset()
 
     def finish(self) -> None:
@@ -101,7 +103,8 @@ class EpochCursor:
         ordered mode). ``handed``: the consumer's count so far;
         ``pending``: the task of a batch taken but not handed out (an
         interrupted next() leaves it so; the unordered set already has
-        it), or -1."""
+        it), or -1. A pending batch that a loaded state had delivered is
+        being dropped: it stays delivered."""
         if not self.in_epoch:  # between epochs, or a state loaded, not used
             above = None if self.ordered else sorted(self.resume_skip)
             return self.epoch + 1, self.resume_batch, above
@@ -109,6 +112,8 @@ class EpochCursor:
         if self.ordered:
             return self.epoch, done + handed - self.handed0, None
         assert self.delivered is not None
+        if pending in self.skipped:
+            pending = -1
         got = {t - self.start for t in self.delivered if t != pending}
         while done in got:
             done += 1

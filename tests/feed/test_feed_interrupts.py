@@ -23,7 +23,7 @@ from fastq._core._ring import (
     Ring,
 )
 from fastq._loop._consumer import Feed
-from fastq._make._state import StreamResume
+from fastq._make._state import Resume, StreamResume
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -162,6 +162,38 @@ def test_a_state_saved_after_an_interrupted_next_counts_only_batches_handed_out(
         )
         del batch
         assert len(list(it)) == 3 - done
+    assert at > 2, "next() was never interrupted past its start"
+
+
+@pytest.mark.parametrize("views", [False, True], ids=["full-path", "compiled"])
+def test_a_state_saved_while_a_resumed_states_batch_is_dropped_keeps_it_delivered(
+    ring: Ring, pool: FakePool, owner: FakeOwner, workers: Workers, views: bool
+) -> None:
+    """Unordered, resumed from a state that had delivered batch 1, whose
+    batch arrives first: a Ctrl+C while next() drops it, then a state saved,
+    still counts batch 1 delivered (a resumed run would deliver it twice
+    otherwise), and the batch being handed out is not."""
+    feed = make_feed(ring, pool, owner, views=views, ordered=False)
+    at = 0
+    interrupted = True
+    while interrupted:
+        at += 1
+        feed.epochs.resume_at(Resume(feed.epochs.epoch + 1, 0, frozenset({1}), None))
+        it = feed.begin_epoch()
+        slot0, task0 = workers.claim(0)
+        slot1, task1 = workers.claim(1)
+        workers.batch(slot1, 1, 100 + task1)  # batch 1 comes first, and goes
+        workers.batch(slot0, 0, 100 + task0)
+        workers.make(0)
+        interrupted, batch = next_interrupted(feed, it, at)
+        epoch = feed.epochs.epoch
+        if interrupted:
+            assert feed.epoch_place() == (epoch, 0, [1]), f"point {at}"
+        else:
+            assert value(batch) == 100 + task0
+            assert feed.epoch_place() == (epoch, 2, []), f"point {at}"
+        del batch
+        assert len(list(it)) == (2 if interrupted else 1)
     assert at > 2, "next() was never interrupted past its start"
 
 
