@@ -147,6 +147,21 @@ def test_stop_continue(binaries: dict[str, Path], variant: str) -> None:
     print(out)
 
 
+@pytest.mark.timeout(60)
+def test_a_stop_point_never_reached_fails_the_sweep(binaries: dict[str, Path]) -> None:
+    """The stop/continue sweep's own coverage check can fail: with every
+    stop point past the run's tasks, the first case is tried with 8 seeds,
+    none stops, and the sweep fails naming it (a run kept from its stop
+    point by a loaded machine is retried the same way, and passes once one
+    stops)."""
+    cmd = [str(binaries["plain"]), "--stop-cont", "-r", "1", "-c", "100000"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=50)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "in 8 tries the victim never stopped at its point" in out, out
+    assert "stop/continue: FAIL" in out and "retried=8 " in out, out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("variant", ["plain", "tsan"])

@@ -113,7 +113,9 @@ int stop_cont_main(const fork_opts *o) {
             for (uint32_t try = 0; try < STOP_TRIES && !exercised; try++) {
                 uint64_t seed = mix64(o->seed ^ ((uint64_t)sweep << 32) ^
                                       ((uint64_t)try << 16) ^ (i + 0x570b));
-                scenario_init(&sc, cases[i].point, cases[i].countdown,
+                uint32_t countdown = o->stop_countdown ? o->stop_countdown
+                                                       : cases[i].countdown;
+                scenario_init(&sc, cases[i].point, countdown,
                               cases[i].nslots, cases[i].nworkers, seed,
                               SIGSTOP, STOP_TASKS);
                 exercised = run_stop(&sc, &st);

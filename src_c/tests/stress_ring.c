@@ -51,6 +51,9 @@
  *                    [-s max_slots] [-b slot_bytes] [-S seed]
  *        stress_ring --stalled-popper
  *        stress_ring --fork-kills | --stop-cont [--long] [-r sweeps] [-S seed]
+ *        stress_ring --stop-cont -c countdown   every stop at that count of
+ *          its point (a count past the run's tasks checks that a stop never
+ *          reached fails the sweep)
  * Exit 0: no violation; 1: a violation (each printed on stderr); 2: usage;
  * 3: something hung past the watchdog.
  */
@@ -70,7 +73,7 @@ static void usage(const char *argv0) {
             " [-s max_slots] [-b slot_bytes] [-S seed]\n"
             "       %s --stalled-popper\n"
             "       %s --fork-kills|--stop-cont [--long] [-r sweeps] "
-            "[-S seed]\n",
+            "[-S seed] [-c stop_countdown]\n",
             argv0, argv0, argv0);
 }
 
@@ -78,6 +81,7 @@ int main(int argc, char **argv) {
     /* --short is the default: what CI runs under every sanitizer. */
     uint32_t rounds = 32, max_producers = 4, max_slots = 16;
     uint64_t tasks = 3000, slot_bytes = 8192, seed = 12345;
+    uint32_t stop_countdown = 0; /* --stop-cont: the cases' own */
     int mode = 0, is_long = 0, rounds_given = 0; /* 0 threaded, 1 kills,
                                                     2 stop/continue */
     for (int i = 1; i < argc; i++) {
@@ -109,6 +113,8 @@ int main(int argc, char **argv) {
             slot_bytes = strtoull(v, NULL, 0); i++;
         } else if (v && !strcmp(a, "-S")) {
             seed = strtoull(v, NULL, 0); i++;
+        } else if (v && !strcmp(a, "-c")) {
+            stop_countdown = (uint32_t)strtoul(v, NULL, 0); i++;
         } else {
             usage(argv[0]);
             return 2;
@@ -118,7 +124,8 @@ int main(int argc, char **argv) {
     if (mode != 0) {
         /* The fork modes' --long is more sweeps over the same scenarios,
          * each with its own seed. */
-        fork_opts o = {rounds_given ? rounds : (is_long ? 40u : 2u), seed};
+        fork_opts o = {rounds_given ? rounds : (is_long ? 40u : 2u), seed,
+                       stop_countdown};
         if (o.sweeps == 0) {
             usage(argv[0]);
             return 2;

@@ -74,6 +74,7 @@ void join_or_die(pthread_t t, uint64_t deadline, const char *what);
 typedef struct fork_opts {
     uint32_t sweeps; /* times through the scenario list */
     uint64_t seed;
+    uint32_t stop_countdown; /* --stop-cont: every case's (0: its own) */
 } fork_opts;
 int fork_kills_main(const fork_opts *o);
 int stop_cont_main(const fork_opts *o);
