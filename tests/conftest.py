@@ -4,7 +4,6 @@ no ring mapping or descriptor left, nothing in /dev/shm."""
 from __future__ import annotations
 
 import gc
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -15,9 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # helpers.py for spawn children
 
-START_METHODS = [
-    m for m in ("fork", "forkserver", "spawn") if m in mp.get_all_start_methods()
-]
+from process_checks import START_METHODS, child_pids, ring_mappings
 
 # spawn starts a fresh interpreter for every worker, which makes it the long
 # route of each test run under every start method: the fixtures below run it
@@ -38,45 +35,6 @@ def pytest_collection_modifyitems(
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
-
-
-def ring_mappings() -> list[str]:
-    """This process's mappings and descriptors of fastq rings."""
-    found = []
-    with open("/proc/self/maps") as f:
-        found += [line.strip() for line in f if "fastq-" in line]
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if "fastq-" in target:
-            found.append(f"fd {fd} -> {target}")
-    return found
-
-
-def child_pids() -> list[int]:
-    """Live children of this process, other than multiprocessing's own
-    helpers (the fork server and the resource tracker)."""
-    me = os.getpid()
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        ppid = int(fields[1])  # zombies count: a leak is a child not reaped
-        if ppid != me:
-            continue
-        if b"forkserver" in cmd or b"resource_tracker" in cmd:
-            continue
-        out.append(int(entry))
-    return out
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import START_METHODS, child_pids, ring_mappings
 from helpers import SlowDataset, alive, expected_batch
+from process_checks import START_METHODS, child_pids, ring_mappings
 
 import fastq
 

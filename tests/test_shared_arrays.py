@@ -156,7 +156,7 @@ if __name__ == "__main__":
                          slots=1, start_method="spawn")  # a ring under 1 MiB
     except fastq.SharedMemoryError as e:
         print("prefetcher:", e)
-    from conftest import ring_mappings
+    from process_checks import ring_mappings
     print("left:", ring_mappings())
 """
 

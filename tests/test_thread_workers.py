@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import child_pids
 from helpers import PatternDataset, RandomDataset, expected_batch, worker_info
+from process_checks import child_pids
 
 import fastq
 
