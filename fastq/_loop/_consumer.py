@@ -262,6 +262,15 @@ class Feed:
             self.wait_ns += time.perf_counter_ns() - t0
         return c.lease()
 
+    def check_workers(self) -> None:
+        """Raises a worker's death that no wait has met (the batches were
+        all there): at an epoch's or a pass's end, which a death must not
+        pass for a clean end, as DataLoader's SIGCHLD handler would not let
+        it."""
+        self.pool.check_deaths()
+        if self.pool.failure is not None:
+            self._died(self.pool.failure)
+
     def _died(self, failure: WorkerDied | SharedMemoryError) -> NoReturn:
         if isinstance(failure, WorkerDied):
             failure = _diagnosis.worker_died(
@@ -417,6 +426,7 @@ class _EpochIterator:
             raise StopIteration
         while True:
             if c.handed - self._handed0 >= self._count:
+                feed.check_workers()
                 feed.epochs.finish()
                 self._token = _FINISHED  # a later close() does not concern it
                 raise StopIteration
@@ -486,6 +496,7 @@ class _PassIterator:
         if self._token != feed.live:
             feed.check_closed(self._token)
         else:
+            feed.check_workers()
             feed.passes.end()
         self._token = _FINISHED
         raise StopIteration

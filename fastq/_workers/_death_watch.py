@@ -127,6 +127,18 @@ class DeathWatch:
         assert self._ring is not None
         self._ring.alert()
 
+    def dead_now(self) -> WorkerDied | None:
+        """A worker already gone, diagnosed, whether or not the watching
+        thread has had the CPU to report it yet; None if none is, or if the
+        pool is closing or the ring does not exist yet. Polls the sentinels
+        without waiting."""
+        if self._stopped or self._thread is None:
+            return None
+        sentinels = {p.sentinel: i for i, p in enumerate(self.processes)}
+        for s in wait(list(sentinels), 0):
+            return self.diagnose(sentinels[s])
+        return None
+
     def diagnose(self, wid: int) -> WorkerDied:
         """The failure that worker `wid`, which is gone, stands for."""
         p = self.processes[wid]

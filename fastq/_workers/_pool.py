@@ -266,6 +266,15 @@ class WorkerPool:
         if self.failure is None:
             self.failure = failure
 
+    def check_deaths(self) -> None:
+        """Records a death that the watching thread has not reported yet
+        (on a loaded machine it may not have run since): the loop asks at
+        an epoch's or a pass's end, which must not pass for a clean one."""
+        if self.failure is None:
+            dead = self._deaths.dead_now()
+            if dead is not None:
+                self._died(dead)
+
     def fail(self, failure: SharedMemoryError) -> None:
         """The ring's memory could not be reserved (NOTE [ The ring is
         handed over before it is settled ]): the run ends with that at the

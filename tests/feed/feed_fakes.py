@@ -39,14 +39,20 @@ PIDS = [4242, 4243]
 
 class FakePool:
     """What a Feed reads of its WorkerPool: ``failure``, ``pids``,
-    ``size``, ``holders()`` (from the census, as the pool's) and
-    ``stack_of()``."""
+    ``size``, ``holders()`` (from the census, as the pool's),
+    ``stack_of()`` and ``check_deaths()`` (which finds ``dead``: a death
+    the pool's watching thread has not reported yet)."""
 
     def __init__(self, ring: Ring) -> None:
         self.ring = ring
         self.failure: WorkerDied | None = None
+        self.dead: WorkerDied | None = None
         self.pids = list(PIDS)
         self.stacks: dict[int, str] = {}
+
+    def check_deaths(self) -> None:
+        if self.failure is None and self.dead is not None:
+            self.failure = self.dead
 
     @property
     def size(self) -> int:

@@ -4,6 +4,7 @@ fails."""
 from __future__ import annotations
 
 import time
+from itertools import islice
 
 import pytest
 from feed_fakes import (
@@ -151,6 +152,38 @@ def test_a_dead_worker_is_raised_even_with_the_next_batch_here(
     assert info.value is pool.failure
     assert str(info.value) == "worker 1 (pid 4243) was killed"
     assert owner.failed == [info.value]
+
+
+@pytest.mark.parametrize("views", [False, True], ids=["full-path", "compiled"])
+def test_a_death_not_yet_reported_ends_the_epoch_with_it(
+    ring: Ring, pool: FakePool, owner: FakeOwner, workers: Workers, views: bool
+) -> None:
+    """Every batch of the epoch was made before a worker died, and the
+    pool's watching thread has not run since (a loaded machine): the epoch
+    does not end as a clean one, its end raises the death."""
+    feed = make_feed(ring, pool, owner, views=views)
+    it = feed.begin_epoch()
+    for w in (0, 1, 0):
+        workers.make(w)
+    pool.dead = WorkerDied("worker 1 (pid 4243) was killed", worker=1, pid=4243)
+    assert [value(b) for b in islice(it, 3)] == [100, 101, 102]
+    with pytest.raises(WorkerDied, match=r"^worker 1 \(pid 4243\) was killed"):
+        next(it)
+    assert owner.failed == [pool.dead]
+
+
+def test_a_death_not_yet_reported_ends_the_pass_with_it(
+    ring: Ring, pool: FakePool, owner: FakeOwner, workers: Workers
+) -> None:
+    feed = make_feed(ring, pool, owner, batches=None)
+    it = feed.begin_pass()
+    pass_ = ring.pass_
+    for w in (0, 1):
+        slot, _ = workers.claim(w)
+        workers.end(slot, w, pass_)
+    pool.dead = WorkerDied("worker 0 (pid 4242) was killed", worker=0, pid=4242)
+    with pytest.raises(WorkerDied, match="worker 0"):
+        next(it)
 
 
 @pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered"])
