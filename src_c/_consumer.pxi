@@ -56,8 +56,9 @@ cdef class Consumer:
     would be lost with its return value; ``hand_out_ready`` leaves its batch
     pending too. A pending batch that was never handed out, because an
     exception interrupted the hand-out, is taken again by the next
-    ``take``, and made again; what a hand-out counts is counted once, when
-    it happens. A slot goes back to FREE when it is no longer pending and
+    ``take``, and made again; what a hand-out counts (the stats, its
+    worker's items, an unordered epoch's task) is counted once, when it
+    happens. A slot goes back to FREE when it is no longer pending and
     its last lease is garbage.
     """
 
@@ -78,6 +79,10 @@ cdef class Consumer:
     # stream.
     cdef int64_t _made_bytes
     cdef bint _made_item
+    # Unordered epochs: the tasks of the epoch handed out (its cursor's
+    # set, which a saved state reads), each joined by its hand-out; None
+    # otherwise.
+    cdef public set handed_tasks
     cdef public uint64_t next_task    # the task ordered mode hands out next
     cdef public uint32_t pass_        # callable sources: the current pass
     cdef readonly uint64_t handed     # batches handed out (or dropped)
@@ -252,13 +257,6 @@ cdef class Consumer:
             raise ValueError("pending can only be set to -1 (handed out)")
         self._hand_out_pending()
 
-    @property
-    def pending_task(self):
-        """The task of the pending batch, or -1 when none is pending."""
-        if self._pending < 0:
-            return -1
-        return fq_slot_task(&self.ring.ring, <uint32_t>self._pending)
-
     cdef void _hand_out_pending(self) noexcept:
         cdef int64_t s = self._pending
         if s < 0:
@@ -271,6 +269,8 @@ cdef class Consumer:
             self.ends += 1
         if self._made_bytes >= 0:
             self._count_delivery(<uint64_t>self._made_bytes)
+        if self.handed_tasks is not None:
+            self.handed_tasks.add(fq_slot_task(&self.ring.ring, <uint32_t>s))
         # An abandoned pass's batch, made before an interrupt and dropped
         # now, is no item of this one.
         if (self._made_item and h.pass_ == self.pass_
@@ -308,14 +308,13 @@ cdef class Consumer:
         return v
 
     def hand_out_ready(self, uint64_t lo, uint64_t hi, bint ordered,
-                       BatchViews views, bint this_pass, set delivered=None,
-                       frozenset skip=None):
+                       BatchViews views, bint this_pass, frozenset skip=None):
         """The next batch among tasks [lo, hi), taken and made by ``views``
         in one compiled call, when it is already here and is a batch (of
         the current pass, with ``this_pass``; not in ``skip``); else None,
         with whatever was taken left pending for the full path (which
         waits, and raises errors, counts end markers and drops stale
-        batches). Its task joins ``delivered``. The batch stays pending:
+        batches). The batch stays pending:
         the caller hands it out (``pending = -1``) and returns it, so that
         an interrupt raised as this call returns leaves it to be made
         again, not lost."""
@@ -331,8 +330,6 @@ cdef class Consumer:
         cdef SlotLease lease = self._lease()
         batch = views.make(lease, fq_slot_data(&self.ring.ring, s),
                            <cnp.npy_intp>h.rows)
-        if delivered is not None:
-            delivered.add(task)
         self._made_bytes = <int64_t>(h.rows * views.row_bytes)
         self._made_item = True
         return batch

@@ -130,8 +130,7 @@ class Consumer:
     t_first_ns: int
     count_rows: bool
     items: list[int]
-    @property
-    def pending_task(self) -> int: ...
+    handed_tasks: set[int] | None
     def __init__(self, ring: Ring) -> None: ...
     def take(self, lo: int, hi: int, ordered: bool) -> bool: ...
     def wait(
@@ -146,7 +145,6 @@ class Consumer:
         ordered: bool,
         views: BatchViews,
         this_pass: bool,
-        delivered: set[int] | None = None,
         skip: frozenset[int] | None = None,
     ) -> Any: ...
     def count_delivery(self, nbytes: int) -> None: ...

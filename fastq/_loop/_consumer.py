@@ -145,15 +145,9 @@ class Feed:
         c.next_task = span.first
         c.drop_below(span.first)
         self.epochs.enter(span, c.handed)
+        c.handed_tasks = self.epochs.delivered  # joined at each hand-out
         return _EpochIterator(
-            self,
-            self.live,
-            span.first,
-            span.end,
-            c.handed,
-            span.count,
-            span.skip,
-            self.epochs.delivered,
+            self, self.live, span.first, span.end, c.handed, span.count, span.skip
         )
 
     def begin_pass(self) -> Iterator[Any]:
@@ -166,6 +160,7 @@ class Feed:
             # none may vanish before its turn.
             c.pass_ += 1
             self.ring.set_pass(c.pass_)
+        c.handed_tasks = None
         c.items = items
         if self.turns is not None:
             self.turns.begin(c.pass_)
@@ -173,10 +168,9 @@ class Feed:
 
     def epoch_place(self) -> tuple[int, int, list[int] | None]:
         """Where a map-style source's state saved now resumes (EpochCursor.
-        place): what was handed out, not a batch left pending by an
-        interrupt, which the resumed run then delivers."""
-        c = self.consumer
-        return self.epochs.place(c.handed, c.pending_task)
+        place): what was handed out, so that a batch left pending by an
+        interrupt is the resumed run's."""
+        return self.epochs.place(self.consumer.handed)
 
     def stream_place(self) -> StreamResume:
         """Where a stream is: the pass in progress and each worker's items
@@ -365,7 +359,6 @@ class _EpochIterator:
 
     __slots__ = (
         "_count",
-        "_delivered",
         "_feed",
         "_handed0",
         "_hi",
@@ -383,7 +376,6 @@ class _EpochIterator:
         handed0: int,
         count: int,
         skip: frozenset[int] = frozenset(),
-        delivered: set[int] | None = None,
     ) -> None:
         self._feed = feed
         self._token = token
@@ -392,8 +384,6 @@ class _EpochIterator:
         self._handed0 = handed0
         self._count = count
         self._skip = skip  # tasks delivered before a resumed state: dropped
-        # Unordered mode: the epoch's tasks handed out (its cursor's set).
-        self._delivered = delivered
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -410,13 +400,7 @@ class _EpochIterator:
         ):
             # The steady state: the batch is here; one compiled call.
             batch = c.hand_out_ready(
-                self._lo,
-                self._hi,
-                feed.ordered,
-                views,
-                False,
-                self._delivered,
-                self._skip,
+                self._lo, self._hi, feed.ordered, views, False, self._skip
             )
             if batch is not None:
                 c.pending = -1  # handed out: an attribute store, then straight out
@@ -431,10 +415,7 @@ class _EpochIterator:
                 self._token = _FINISHED  # a later close() does not concern it
                 raise StopIteration
             lease = feed.next_lease(self._lo, self._hi)
-            if self._delivered is None:
-                break
             if lease.task not in self._skip:
-                self._delivered.add(lease.task)
                 break
             del lease
             c.pending = -1  # delivered before the state was saved: dropped

@@ -48,7 +48,6 @@ class EpochCursor:
         self.done_before = 0
         self.handed0 = 0
         self.delivered: set[int] | None = None
-        self.skipped: frozenset[int] = frozenset()  # tasks a state delivered
 
     def upcoming(self, batches_per_epoch: int) -> EpochSpan:
         """The next epoch's loop, as ``enter`` will begin it."""
@@ -78,7 +77,6 @@ class EpochCursor:
         self.done_before = span.first - span.start
         self.handed0 = handed
         self.delivered = None if self.ordered else set(span.skip)
-        self.skipped = span.skip
         self.resume_batch, self.resume_skip = 0, frozenset()
 
     def finish(self) -> None:
@@ -95,16 +93,10 @@ class EpochCursor:
         self.resume_batch = resume.first
         self.resume_skip = resume.skip
 
-    def place(
-        self, handed: int, pending: int = -1
-    ) -> tuple[int, int, list[int] | None]:
+    def place(self, handed: int) -> tuple[int, int, list[int] | None]:
         """Where a state saved now resumes: (epoch, the batches of it
         delivered as a prefix, those delivered past the prefix; None in
-        ordered mode). ``handed``: the consumer's count so far;
-        ``pending``: the task of a batch taken but not handed out (an
-        interrupted next() leaves it so; the unordered set already has
-        it), or -1. A pending batch that a loaded state had delivered is
-        being dropped: it stays delivered."""
+        ordered mode). ``handed``: the consumer's count so far."""
         if not self.in_epoch:  # between epochs, or a state loaded, not used
             above = None if self.ordered else sorted(self.resume_skip)
             return self.epoch + 1, self.resume_batch, above
@@ -112,9 +104,7 @@ class EpochCursor:
         if self.ordered:
             return self.epoch, done + handed - self.handed0, None
         assert self.delivered is not None
-        if pending in self.skipped:
-            pending = -1
-        got = {t - self.start for t in self.delivered if t != pending}
+        got = {t - self.start for t in self.delivered}
         while done in got:
             done += 1
         return self.epoch, done, sorted(b for b in got if b > done)
