@@ -188,3 +188,37 @@ def test_a_death_in_a_first_sample_while_another_worker_sizes_the_ring() -> None
             next(iter(pf))
     assert info.value.worker == 0
     assert "SIGKILL" in str(info.value)
+
+
+def test_a_death_the_watch_has_not_reported_ends_the_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real worker SIGKILLed once every batch of the epoch is made, while
+    the death watch's thread has not reported it (kept from it here, as a
+    loaded machine can keep it for seconds): the epoch's end raises
+    WorkerDied naming it, never ends as a clean one."""
+    from multiprocessing.connection import wait
+
+    from fastq._workers._death_watch import DeathWatch
+
+    def silent(self: DeathWatch, died: object) -> None:
+        wait([self._stop_r])  # reports nothing; leaves when the pool closes
+
+    monkeypatch.setattr(DeathWatch, "_watch", silent)
+    pf = fastq.Prefetcher(
+        PatternDataset(8), batch_size=2, workers=2, slots=6, start_method="fork"
+    )
+    with pf:
+        it = iter(pf)
+        next(it)
+        deadline = time.monotonic() + 20
+        while sum(w["batches"] for w in pf.stats()["workers"]) < 4:
+            assert time.monotonic() < deadline, "the epoch's batches were not made"
+            time.sleep(0.01)
+        victim = pf._pool.processes[1]  # type: ignore[union-attr]
+        os.kill(victim.pid, signal.SIGKILL)
+        assert wait([victim.sentinel], 10), "the worker did not die"
+        with pytest.raises(fastq.WorkerDied, match=f"pid {victim.pid}.*SIGKILL"):
+            for batch in it:
+                del batch
+    assert pf.closed

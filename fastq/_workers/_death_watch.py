@@ -116,28 +116,29 @@ class DeathWatch:
         self._stack_fds = []
 
     def _watch(self, died: Callable[[WorkerDied], None]) -> None:
-        sentinels = {p.sentinel: i for i, p in enumerate(self.processes)}
-        ready = wait([*sentinels, self._stop_r])
-        if self._stopped or self._stop_r in ready:
-            return
-        for s in ready:
-            if s in sentinels:
-                died(self.diagnose(sentinels[s]))
-                break
+        dead = self._first_death(None)
+        if dead is None:
+            return  # the pool closes
+        died(dead)
         assert self._ring is not None
         self._ring.alert()
 
     def dead_now(self) -> WorkerDied | None:
         """A worker already gone, diagnosed, whether or not the watching
         thread has had the CPU to report it yet; None if none is, or if the
-        pool is closing or the ring does not exist yet. Polls the sentinels
-        without waiting."""
-        if self._stopped or self._thread is None:
+        pool is closing or the ring does not exist yet. Does not wait."""
+        if self._thread is None:
             return None
+        return self._first_death(0)
+
+    def _first_death(self, timeout: float | None) -> WorkerDied | None:
+        """The first worker found gone within ``timeout`` (None: until one
+        is), diagnosed; None at the timeout or once the pool closes."""
         sentinels = {p.sentinel: i for i, p in enumerate(self.processes)}
-        for s in wait(list(sentinels), 0):
-            return self.diagnose(sentinels[s])
-        return None
+        ready = wait([*sentinels, self._stop_r], timeout)
+        if not ready or self._stopped or self._stop_r in ready:
+            return None
+        return self.diagnose(sentinels[ready[0]])
 
     def diagnose(self, wid: int) -> WorkerDied:
         """The failure that worker `wid`, which is gone, stands for."""
