@@ -26,7 +26,7 @@ VICTIM = os.path.join(os.path.dirname(__file__), "victim.py")
 def maps_ring(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/maps") as f:
-            return "fastq-ring" in f.read()
+            return "/memfd:fastq-ring" in f.read()
     except OSError:
         return False
 
