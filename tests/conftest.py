@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -35,6 +36,18 @@ def pytest_collection_modifyitems(
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def sigint_raises() -> Iterator[None]:
+    """Every test runs with Python's own Ctrl+C handler, whatever the run
+    was started with: a run started in the background (`cmd &`, nohup)
+    inherits SIGINT ignored, and the tests that send SIGINT, to this
+    process or to a victim it starts (a handler, unlike an ignored signal,
+    does not survive exec), would see nothing arrive."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(autouse=True)

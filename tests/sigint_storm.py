@@ -24,6 +24,10 @@ from helpers import PatternDataset, expected_batch
 
 import fastq
 
+# Its test sends it SIGINT: started from a run in the background (SIGINT
+# ignored, as `cmd &` and nohup leave it), it sets the handler it needs.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 N, BATCH = 240, 4
 BATCHES = N // BATCH
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 
@@ -17,6 +18,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from helpers import PatternDataset, StuckDataset, alive
 
 import fastq
+
+# Its test sends it SIGINT: started from a run in the background (SIGINT
+# ignored, as `cmd &` and nohup leave it), it sets the handler it needs.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def children() -> list[int]:
