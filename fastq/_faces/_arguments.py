@@ -135,7 +135,7 @@ def resolve(
                 "is for streams of samples)"
             )
         rows = _map_rows(batch_size)
-        # Without spec=, worker 0 infers it from the run's first batch
+        # Without spec=, the workers infer it from the run's first batches
         # (NOTE [ The kept first batch ] in fastq/_faces/_first_batch.py);
         # only len() runs here.
         known = None if spec is None else BatchSpec.from_user(spec, rows)

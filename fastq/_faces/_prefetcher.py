@@ -91,16 +91,19 @@ class Prefetcher(Face):
         field is a ``fastq.Jagged``. An item is a sample for map-style
         sources and sample streams, a whole batch for streams without
         ``batch_size``. If omitted, a worker infers it and the source never
-        runs in this process (only ``len()`` is read here): worker 0 makes
-        the run's first batch (a resumed state's next one), seeded as
-        always, the spec comes from its first sample, and that batch is
-        delivered, not made again; for a stream, from a worker's first
-        item. A failure before the spec is known is raised by the
-        constructor (see Raises); a later sample of the first batch fails
-        at its turn, as with ``spec``. A ``fill_batch`` dataset has no
-        sample to give: its first sample is read once with ``__getitem__``
-        in worker 0 to lay out the slots (``spec`` skips that), and one
-        without ``__getitem__`` needs ``spec``.
+        runs in this process (only ``len()`` is read here): every worker
+        starts on a batch of its own at once, as DataLoader's do (the
+        run's first batches, or a resumed state's next ones), seeded as
+        always; the spec comes from the first sample any of them finishes,
+        and those batches are delivered, not made again; for a stream,
+        from the first item any worker makes. A batch whose first sample
+        fails raises at its turn, as with ``spec``; only when every
+        worker's first sample fails is there nothing to lay the slots out
+        from, and the constructor raises the lowest batch's error (see
+        Raises). A ``fill_batch`` dataset has no sample to give: its first
+        sample is read once with ``__getitem__`` in a worker to lay out
+        the slots (``spec`` skips that), and one without ``__getitem__``
+        needs ``spec``.
     ordered : bool
         Yield batches in sampler order (True) or as soon as they are ready.
     shuffle : bool
@@ -167,13 +170,16 @@ class Prefetcher(Face):
     SpecError
         The first item cannot be described as fixed-shape numeric fields.
     WorkerError
-        Without ``spec``: the source (or worker 0's ``worker_init``)
-        raised before the first item was made; the worker's traceback is
-        its ``remote_traceback``.
+        Without ``spec``: every worker's first item failed (the source or
+        ``worker_init`` raised), so no layout could be learnt; the lowest
+        batch's error (of a ``worker_init``: the lowest worker's) is
+        raised, whichever came first, with the worker's traceback as its
+        ``remote_traceback``.
     FetchTimeout
         Without ``spec``: no first item within ``timeout``.
     WorkerDied
-        Without ``spec``: the worker making the first item died.
+        Without ``spec``: the workers died before any first item was
+        made.
     SharedMemoryError
         The ring does not fit in memory.
     """
