@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Protocol
 
@@ -378,7 +377,6 @@ class _PackedBatches:
         # loop has two then (the body's last one and the new one), three if
         # it keeps the previous one; one slot always stays for the workers.
         self._keep_limit = max(3, slots)
-        self._warned_keeping = False
         self._convert = convert
         self.copied = 0  # batches copied because the loop kept too many
 
@@ -407,18 +405,9 @@ class _PackedBatches:
         return batch
 
     def _copied(self, batch: Any) -> Any:
-        if not self._warned_keeping:
-            self._warned_keeping = True
-            feed, ring = self._engine.feed, self._engine.ring
-            assert feed is not None and ring is not None
-            warnings.warn(
-                f"{feed.consumer.held} batches are still referenced, of "
-                f"the {ring.nslots} slots: from now on batches are "
-                "copied out of the ring (slower). If you keep batches on "
-                "purpose, raise slots=; if not, drop references to old ones",
-                RuntimeWarning,
-                stacklevel=5,
-            )
+        # Silently, as DataLoader keeps batches silently: a warning here
+        # would fail a user's `-W error` run of `torch.cat(list(loader))`;
+        # stats()["copied_batches"] counts them.
         try:
             return copy.deepcopy(batch)
         except Exception:  # an object that cannot be copied: keep the views

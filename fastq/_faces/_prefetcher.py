@@ -475,7 +475,10 @@ class Prefetcher(Face):
             pages, and ``settled``: False while a thread still makes the
             pages huge and maps them, after the ring is handed over),
             ``workers``: a list of dicts with ``pid``, ``batches``,
-            ``busy_s``, ``wait_s`` and ``task``, and ``autotune`` (None
+            ``busy_s``, ``wait_s`` and ``task``, ``copied_batches``
+            (fastq.torch.DataLoader: batches copied out of the ring because
+            the loop kept more than the slots, as ``list(loader)`` does),
+            ``autotune`` (None
             unless ``workers="auto"``): ``workers`` running, ``pool``
             started, ``why``, and ``decisions``, each with ``at_s``,
             ``workers`` and ``why``; and ``pinned`` (None unless the ring

@@ -288,6 +288,7 @@ class Engine:
             "slots": slots,
             "pages": self.pages(),
             "workers": self._worker_stats(),
+            "copied_batches": getattr(self.batches, "copied", 0),
             "autotune": None if self.tuner is None else self.tuner.report(),
             "pinned": None if self.pinning is None else self._pinned_stats(),
         }
