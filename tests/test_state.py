@@ -137,6 +137,68 @@ def test_a_loaded_state_reads_back_unchanged() -> None:
         assert pf.state_dict() == state
 
 
+def _face(name: str) -> Any:
+    if name == "TorchPrefetcher":
+        return pytest.importorskip("fastq.torch").TorchPrefetcher
+    return fastq.Prefetcher
+
+
+@pytest.mark.parametrize("face", ["Prefetcher", "TorchPrefetcher"])
+@pytest.mark.parametrize(
+    ("saved_ordered", "batches", "loaded_ordered"),
+    [
+        (True, 16, True),  # after an epoch's last batch, before StopIteration
+        (False, 16, False),
+        (False, 7, True),  # delivered out of order, resumed in order
+    ],
+)
+def test_a_state_saved_before_the_first_batch_is_the_loaded_one(
+    face: str, saved_ordered: bool, batches: int, loaded_ordered: bool
+) -> None:
+    """A checkpoint at the first step after a restart (before iter(), and
+    after it before any next()) saves exactly what was loaded, through
+    load_state_dict and state= alike."""
+    with make(ordered=saved_ordered) as pf:
+        take(iter(pf), batches)
+        state = roundtrip(pf.state_dict())
+    cls = _face(face)
+    kw: dict[str, Any] = {"workers": 1, "seed": 11, "shuffle": True}
+    with cls(RandomDataset(), BATCH, ordered=loaded_ordered, **kw) as pf:
+        pf.load_state_dict(state)
+        assert roundtrip(pf.state_dict()) == state
+        it = iter(pf)
+        assert roundtrip(pf.state_dict()) == state
+        del it
+    with cls(RandomDataset(), BATCH, ordered=loaded_ordered, state=state, **kw) as pf:
+        assert roundtrip(pf.state_dict()) == state
+
+
+@pytest.mark.parametrize("second_save", ["before iter", "after iter", "after a batch"])
+def test_an_unordered_state_resumed_in_order_and_saved_again_keeps_its_place(
+    reference: Any, second_save: str
+) -> None:
+    """Save, load, save, load, run: the batches an unordered run delivered
+    past its prefix (here 5, 6 and 9 after 0 to 2) are never made twice,
+    and every batch is the uninterrupted run's, bit for bit."""
+    with make(ordered=False) as pf:
+        state = {**pf.state_dict(), "batches_done": 3, "delivered": [5, 6, 9]}
+    got = [reference[0][b] for b in (0, 1, 2, 5, 6, 9)]
+    with make(ordered=True, state=state) as pf:
+        it = iter(pf) if second_save != "before iter" else None
+        if second_save == "after a batch":
+            got += take(it, 1)
+        again = roundtrip(pf.state_dict())
+        del it
+    with make(ordered=True, state=again) as pf:
+        rest = epoch(pf)
+        later = epoch(pf)
+    assert len(got) + len(rest) == len(reference[0])
+    ids = [tuple(int(i) for i in b[2]) for b in reference[0]]
+    order = sorted(got + rest, key=lambda b: ids.index(tuple(int(i) for i in b[2])))
+    assert same(order, reference[0])
+    assert same(later, reference[1])
+
+
 def test_load_state_dict_after_iter_ends_that_loop_with_the_fix(
     reference: Any,
 ) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._make._state import Resume, StreamResume
+from .._make._state import Place, Resume, StreamResume
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,20 @@ class EpochCursor:
         # state was saved).
         self.resume_batch = 0
         self.resume_skip: frozenset[int] = frozenset()
+        # A loaded state's place as it spelled it: the next loop's, then
+        # the loop's begun from it until that loop hands out a batch. A
+        # state saved meanwhile repeats it (a checkpoint at the first step
+        # saves what was loaded, epoch's end and delivered set included).
+        self.loaded: Place | None = None
+        self.loop_loaded: Place | None = None
         # The epoch in progress: its first task, the batches of it handed
-        # out before this loop (a resumed state's), the consumer's count
-        # when the loop began, and (unordered) which tasks it handed out.
+        # out before this loop (a resumed state's) and those past them
+        # (its skip), the consumer's count when the loop began, and
+        # (unordered) which tasks it handed out.
         self.in_epoch = False
         self.start = 0
         self.done_before = 0
+        self.skip: frozenset[int] = frozenset()
         self.handed0 = 0
         self.delivered: set[int] | None = None
 
@@ -75,14 +83,17 @@ class EpochCursor:
         self.in_epoch = True
         self.start = span.start
         self.done_before = span.first - span.start
+        self.skip = self.resume_skip
         self.handed0 = handed
         self.delivered = None if self.ordered else set(span.skip)
         self.resume_batch, self.resume_skip = 0, frozenset()
+        self.loop_loaded, self.loaded = self.loaded, None
 
     def finish(self) -> None:
         """The epoch's last batch was handed out."""
         self.finished = True
         self.in_epoch = False
+        self.loop_loaded = None
 
     def resume_at(self, resume: Resume) -> None:
         """The next loop iterates ``resume``'s epoch from its batch
@@ -92,22 +103,48 @@ class EpochCursor:
         self.in_epoch = False
         self.resume_batch = resume.first
         self.resume_skip = resume.skip
+        self.loaded = resume.saved
 
     def place(self, handed: int) -> tuple[int, int, list[int] | None]:
         """Where a state saved now resumes: (epoch, the batches of it
         delivered as a prefix, those delivered past the prefix; None in
-        ordered mode). ``handed``: the consumer's count so far."""
+        ordered mode unless a loaded state's were). ``handed``: the
+        consumer's count so far (dropped batches included)."""
         if not self.in_epoch:  # between epochs, or a state loaded, not used
-            above = None if self.ordered else sorted(self.resume_skip)
-            return self.epoch + 1, self.resume_batch, above
+            if self.loaded is not None:
+                return _spelled(self.loaded)
+            return (
+                self.epoch + 1,
+                self.resume_batch,
+                self._above(self.resume_batch, self.resume_skip),
+            )
+        if self.loop_loaded is not None and handed == self.handed0:
+            return _spelled(self.loop_loaded)
         done = self.done_before
         if self.ordered:
-            return self.epoch, done + handed - self.handed0, None
+            # In order, a loaded state's skipped batches are dropped in
+            # their turn (and counted in `handed`); those still ahead stay
+            # delivered.
+            done += handed - self.handed0
+            while done in self.skip:
+                done += 1
+            return self.epoch, done, self._above(done, self.skip)
         assert self.delivered is not None
         got = {t - self.start for t in self.delivered}
         while done in got:
             done += 1
         return self.epoch, done, sorted(b for b in got if b > done)
+
+    def _above(self, done: int, skip: frozenset[int]) -> list[int] | None:
+        """The batches of ``skip`` past ``done``: a list in unordered mode,
+        and in ordered mode where there are any (None otherwise)."""
+        above = sorted(b for b in skip if b > done)
+        return None if self.ordered and not above else above
+
+
+def _spelled(place: Place) -> tuple[int, int, list[int] | None]:
+    epoch, done, delivered = place
+    return epoch, done, None if delivered is None else list(delivered)
 
 
 class PassCursor:

@@ -28,17 +28,24 @@ _MUST_MATCH = {
 }
 
 
+# A place as a state spells it: (epoch, batches_done, delivered).
+Place = tuple[int, int, "tuple[int, ...] | None"]
+
+
 @dataclass(frozen=True)
 class Resume:
     """Where a loaded state resumes: batch ``first`` of ``epoch`` (its
-    number in the epoch), dropping the batches in ``skip`` (unordered mode:
-    delivered before), with the epoch resharded if the state was saved on
-    another number of ranks."""
+    number in the epoch), dropping the batches in ``skip`` (delivered
+    before, out of order), with the epoch resharded if the state was saved
+    on another number of ranks. ``saved``: the place as the state spelled
+    it (None for a set_epoch, or a state of another world size), which a
+    state saved before the next batch repeats."""
 
     epoch: int
     first: int
     skip: frozenset[int]
     reshard: Reshard | None
+    saved: Place | None = None
 
 
 def make_state(
@@ -125,15 +132,21 @@ def check_state(state: Any, sampler: EpochSampler) -> Resume:
                 f"{done} to {per_epoch - 1}, or None"
             )
         skip = frozenset(delivered)
+    # Spelled as this Prefetcher's own place only on the same world size.
+    place = (
+        (epoch, done, None if delivered is None else tuple(delivered))
+        if saved.world_size == sampler.world_size
+        else None
+    )
     if done == per_epoch:  # saved at an epoch's end: the next one, whole
-        return Resume(epoch + 1, 0, frozenset(), None)
+        return Resume(epoch + 1, 0, frozenset(), None, place)
     if saved.world_size == sampler.world_size:
         if saved.rank != sampler.rank:
             raise ConfigError(
                 f"state['rank']={saved.rank}, but this Prefetcher has "
                 f"rank={sampler.rank}: load each rank's own state"
             )
-        return Resume(epoch, done, skip, saved.reshard)
+        return Resume(epoch, done, skip, saved.reshard, place)
     return _resharded(saved, epoch, done, skip, sampler)
 
 
@@ -314,6 +327,7 @@ def check_stream_state(
 __all__ = [
     "FORMAT",
     "STREAM_FORMAT",
+    "Place",
     "Resume",
     "StreamResume",
     "check_state",
