@@ -5,6 +5,7 @@ another stream by name."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -162,3 +163,113 @@ def test_a_state_of_another_world_size_names_both_and_the_reshard() -> None:
         fastq.ConfigError, match=r"world_size'\]=2.*world_size=4.*TorchPrefetcher"
     ):
         on(4).load_state_dict(state)
+
+
+def loader_of_20(persistent: bool, own_generator: bool, workers: int = 2) -> DataLoader:
+    """20 batches an epoch, shuffled by the loader's generator or torch's."""
+    generator = torch.Generator().manual_seed(7) if own_generator else None
+    return DataLoader(
+        Augmented(80),
+        batch_size=4,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=persistent,
+        generator=generator,
+    )
+
+
+def state_after(loader: DataLoader, batches: int) -> tuple[list[Any], dict[str, Any]]:
+    """Epoch 0 whole, then `batches` of epoch 1: those, and the state."""
+    list(loader)
+    it = iter(loader)
+    got = [next(it) for _ in range(batches)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    loader.close()
+    return got, state
+
+
+@pytest.mark.parametrize("persistent_workers", [False, True])
+@pytest.mark.parametrize("batches", [3, 20], ids=["mid-epoch", "epoch's end"])
+def test_a_state_saved_before_the_first_batch_is_the_loaded_one(
+    persistent_workers: bool, batches: int
+) -> None:
+    """A checkpoint at the first step after a restart (before iter(), and
+    after it before any next()) saves exactly what was loaded, as
+    torchdata's test_load_state_before_initial_state_dict has it; so does
+    a loader whose loop was running (its test_load_then_state)."""
+    torch.manual_seed(3)
+    _, state = state_after(loader_of_20(persistent_workers, False), batches)
+    torch.manual_seed(100)
+    loader = loader_of_20(persistent_workers, False)
+    loader.load_state_dict(state)
+    assert json.loads(json.dumps(loader.state_dict())) == state
+    it = iter(loader)
+    assert json.loads(json.dumps(loader.state_dict())) == state
+    next(it)
+    loader.load_state_dict(state)
+    assert loader.state_dict() == state
+    del it
+    loader.close()
+
+
+@pytest.mark.parametrize(
+    ("persistent_workers", "own_generator", "batches"),
+    [
+        (False, False, 3),
+        (False, True, 3),
+        (True, False, 3),
+        (True, True, 3),
+        (True, False, 20),  # at epoch 1's end, before StopIteration
+    ],
+)
+def test_save_load_save_load_run_delivers_exactly_the_rest(
+    persistent_workers: bool, own_generator: bool, batches: int
+) -> None:
+    """A state loaded and saved again before the first batch (a preemption
+    handler right after a restart), loaded in a third loader: it delivers
+    the batches that remained, bit for bit the uninterrupted run's, and
+    the next epoch too."""
+    torch.manual_seed(3)
+    ref = loader_of_20(persistent_workers, own_generator)
+    want = [list(ref) for _ in range(3)]
+    ref.close()
+    torch.manual_seed(3)
+    got, state = state_after(loader_of_20(persistent_workers, own_generator), batches)
+    torch.manual_seed(100)
+    restarted = loader_of_20(persistent_workers, own_generator, workers=1)
+    restarted.load_state_dict(state)
+    again = json.loads(json.dumps(restarted.state_dict()))
+    restarted.close()
+    torch.manual_seed(200)
+    resumed = loader_of_20(persistent_workers, own_generator)
+    resumed.load_state_dict(again)
+    rest = list(resumed)
+    later = list(resumed)
+    resumed.close()
+    if batches < 20:
+        assert len(rest) == 20 - batches
+        assert same(got + rest, want[1]) and same(later, want[2])
+    else:
+        assert same(rest, want[2])
+
+
+def test_a_state_saved_between_epochs_keeps_persistent_workers_seed() -> None:
+    """Persistent workers keep their base seed across epochs, also when
+    the loader was closed in between: so does its state."""
+    torch.manual_seed(3)
+    ref = loader_of_20(True, False)
+    want = [list(ref) for _ in range(2)]
+    ref.close()
+    torch.manual_seed(3)
+    loader = loader_of_20(True, False)
+    list(loader)
+    loader.close()
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert same(list(loader), want[1])  # the run that never stopped
+    loader.close()
+    torch.manual_seed(100)
+    resumed = loader_of_20(True, False)
+    resumed.load_state_dict(state)
+    assert same(list(resumed), want[1])
+    resumed.close()

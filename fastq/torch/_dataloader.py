@@ -136,6 +136,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._seed: int | None = None  # persistent workers' base seed
         self._warned_pin = False
         self._resume: dict[str, Any] | None = None  # loaded, for the next iter()
+        # The state loaded, as given: state_dict() gives it back until a
+        # loop begun from it (which then holds it) delivers a batch.
+        self._loaded: dict[str, Any] | None = None
         self._seed_from_state = False
         # The current epoch's loop, weakly: the loop refers to this loader,
         # and a cycle would keep both (and the workers) alive after the
@@ -227,6 +230,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # seed (saved between epochs), else after it.
         generator = self.generator or torch.default_generator
         resume, self._resume = self._resume, None
+        loaded, self._loaded = self._loaded, None
         if resume is not None and resume["seed"] is None:
             generator.set_state(decode_rng(resume["rng_state"]))
         if engine is None:
@@ -248,18 +252,26 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             next(batches, None)
         if engine is not None:
             it = engine.begin_epoch(batches, epoch, skip)
-            return self._loop(it, epoch, skip, rng)
+            return self._loop(it, epoch, skip, rng, loaded)
         first = next(batches, None)
-        if first is None:
-            return self._loop(iter(()), epoch, skip, rng)  # an empty epoch
+        if first is None:  # an empty epoch
+            return self._loop(iter(()), epoch, skip, rng, loaded)
         engine = self._start(itertools.chain([first], batches), epoch, skip)
         assert engine is not None
-        return self._loop(engine.begin_epoch(iter(()), epoch), epoch, skip, rng)
+        it = engine.begin_epoch(iter(()), epoch)
+        return self._loop(it, epoch, skip, rng, loaded)
 
     def _loop(
-        self, it: Iterator[Any], epoch: int, done: int, rng: torch.Tensor
+        self,
+        it: Iterator[Any],
+        epoch: int,
+        done: int,
+        rng: torch.Tensor,
+        loaded: dict[str, Any] | None,
     ) -> LoaderIterator:
-        return self._register(LoaderIterator(self, it, epoch, done, self._seed, rng))
+        return self._register(
+            LoaderIterator(self, it, epoch, done, self._seed, rng, loaded)
+        )
 
     def _register(self, live: LoaderIterator) -> LoaderIterator:
         """Makes ``live`` the current loop (the one state_dict() reads, and
@@ -278,12 +290,18 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         bit-identical to a run that never stopped, with any
         ``num_workers > 0``."""
         check_stateful(self)
+        if self._loaded is not None:  # loaded, no loop begun from it yet
+            return dict(self._loaded)
         live = self._current_loop()
         if live is not None and live.in_epoch:
+            loaded = live.as_loaded()
+            if loaded is not None:
+                return dict(loaded)
             return saved_state(self, live.epoch, live.done, live.seed, live.rng)
-        # Between epochs: the next starts as the uninterrupted run's.
-        persistent = self.persistent_workers and self._engine is not None
-        seed = self._seed if persistent else None
+        # Between epochs: the next starts as the uninterrupted run's, with
+        # the base seed persistent workers keep (also once closed: the next
+        # iter() starts them with it).
+        seed = self._seed if self.persistent_workers else None
         rng = (self.generator or torch.default_generator).get_state()
         return saved_state(self, self._epoch, 0, seed, rng)
 
@@ -302,6 +320,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._seed = state.get("seed")
         self._seed_from_state = self._seed is not None
         self.set_epoch(state["epoch"])
+        # Until a batch comes from it, the place is the state as loaded: a
+        # checkpoint saved at the first step (a preemption handler right
+        # after a restart) must not lose it, nor respell an epoch's end.
+        self._loaded = dict(state)
         if done < len(self):
             self._resume = state
             return

@@ -36,13 +36,16 @@ class LoaderIterator:
     worker's exception raised as its own type and a timeout as
     DataLoader's. It keeps the epoch's place for state_dict(): the batches
     delivered (a failed one included, as it is gone), the base seed and
-    the sampler generator's state as the epoch began."""
+    the sampler generator's state as the epoch began; begun from a loaded
+    state, that state until its first batch."""
 
     __slots__ = (
         "__weakref__",
         "_begun",
+        "_done0",
         "_handed",
         "_it",
+        "_loaded",
         "_loader",
         "done",
         "epoch",
@@ -60,11 +63,14 @@ class LoaderIterator:
         done: int = 0,
         seed: int | None = None,
         rng: Any = None,
+        loaded: dict[str, Any] | None = None,
     ) -> None:
         self._loader = loader
         self._it = it
         self._begun = False
         self._handed = 0
+        self._loaded = loaded
+        self._done0 = done
         self.epoch = epoch
         self.done = done
         self.seed = seed
@@ -77,6 +83,11 @@ class LoaderIterator:
 
     def __len__(self) -> int:
         return len(self._loader)
+
+    def as_loaded(self) -> dict[str, Any] | None:
+        """The state this loop was begun from, while it has delivered no
+        batch (None otherwise): its place, as it was spelled."""
+        return self._loaded if self.done == self._done0 else None
 
     def __reduce__(self) -> Any:
         raise TypeError(
