@@ -23,11 +23,12 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # `fastq.torch` on first use, so `import fastq` never imports torch.
-    if name == "torch":
+    # `fastq.torch` on first use, so `import fastq` never imports torch;
+    # `fastq.vision` too, as it needs no import until images are read.
+    if name in ("torch", "vision"):
         import importlib
 
-        return importlib.import_module("fastq.torch")
+        return importlib.import_module(f"fastq.{name}")
     raise AttributeError(f"module 'fastq' has no attribute {name!r}")
 
 

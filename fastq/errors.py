@@ -90,3 +90,16 @@ class RingError(FastqError, RuntimeError):
 
 class PrefetcherClosed(FastqError, RuntimeError):
     """The Prefetcher was used after close()."""
+
+
+class ImageError(FastqError, OSError):
+    """An image file cannot be read: it is no image, or it is truncated or
+    corrupt. The message names its path and dataset index where known (an
+    OSError, as Pillow's own errors for such files are)."""
+
+    def __init__(
+        self, message: str, *, path: str | None = None, index: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.index = index
