@@ -168,6 +168,9 @@ def test_an_encoded_sample_has_the_contracts_fields(tmp_path: Any) -> None:
         "kind": ((), np.uint8),
     }
     assert int(sample["label"]) == dataset.targets[1] + 1 and sample["index"] == 1
+    last = len(dataset) - 1
+    assert dataset[-1]["index"] == last
+    assert (dataset[-1]["box"] == dataset[last]["box"]).all()
     dataset.decode_on_gpu(False)
     image, label = dataset[1]
     assert image.shape == (3, 24, 32) and label == dataset.targets[1] + 1

@@ -184,6 +184,8 @@ class ImageFiles:
 
     def __getitem__(self, index: int) -> Any:
         index = int(index)
+        if index < 0:  # the crop is the positive index's
+            index += len(self.samples)
         path, label = self.samples[index]
         if self.target_transform is not None:
             label = self.target_transform(label)
