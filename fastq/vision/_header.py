@@ -85,8 +85,9 @@ def _jpeg_header(view: memoryview) -> tuple[int, int, int]:
             height, width = struct.unpack(">HH", view[pos + 3 : pos + 7])
             components = view[pos + 7]
             if height == 0 or width == 0:
-                # A zero height is legal (DNL sets it later) but nothing
-                # this reads or the GPU's engines decode uses it.
+                # A zero height is legal (a DNL marker after the first scan
+                # gives it) but too rare to look for: an error, never a
+                # wrong size.
                 raise ImageError(f"JPEG frame header gives size {height}x{width}")
             hardware = (
                 code == _BASELINE
