@@ -16,11 +16,24 @@ from typing import Any
 import numpy as np
 
 # Bump when what a file holds changes, so that an old cache is not reused.
-_FORMAT = "v1"
+_FORMAT = "v2"
 _SEED = 20260501
-# A file's longer side, as a multiple of the crop it is trained at: ImageNet's
-# photos average about 400 x 350 pixels for 224-pixel crops.
-_SIDE_RANGE = (1.6, 2.4)
+# NOTE [ An ImageNet-like set ]
+# ImageNet's training photos are mostly 500 x 375 (or 375 x 500) for
+# 224-pixel crops, about 110 KB a file, and a few of them are progressive
+# or grayscale JPEGs, which a GPU's hardware decoder does not take. The
+# files follow that, scaled by the crop's side (500 px for 224): a longer
+# side of 0.85-1.15 x (side x 500 / 224); 60% of them 4:3, 15% 3:4, the
+# rest of a ratio between 2:3 and 3:2; per-pixel grain (photographs'
+# sensor noise, which is what makes their files that large) and a JPEG
+# quality of 86-95 (about 110 KB a file at 224); 2% progressive and 2%
+# grayscale.
+_LONGER_PER_SIDE = 500 / 224
+_LONGER_SPREAD = (0.85, 1.15)
+_GRAIN = (8.0, 20.0)  # the grain's standard deviation, 0-255 scale
+_QUALITY = (86, 96)
+PROGRESSIVE_SHARE = 0.02
+GRAYSCALE_SHARE = 0.02
 # Below this many missing files, making them here beats starting a pool.
 _POOL_FROM = 256
 
@@ -72,43 +85,54 @@ def _make_some(first_path: str, indices: Sequence[int], size: int) -> int:
         # Written aside, then renamed: a run killed halfway, or another run
         # making the same file, never leaves a truncated JPEG under its name.
         tmp = f"{path}.{os.getpid()}.tmp"
-        image, quality = _make_one(i, size, sources)
-        image.save(tmp, format="JPEG", quality=quality)
+        image, options = _make_one(i, size, sources)
+        image.save(tmp, format="JPEG", **options)
         os.replace(tmp, path)
     return len(indices)
 
 
-def _make_one(i: int, size: int, sources: Sequence[Any]) -> tuple[Any, int]:
-    """File i's picture and its JPEG quality."""
+def _make_one(i: int, size: int, sources: Sequence[Any]) -> tuple[Any, dict[str, Any]]:
+    """File i's picture and its JPEG options (NOTE [ An ImageNet-like set ])."""
     from PIL import Image
 
     rng = np.random.default_rng([_SEED, i])
     src = sources[i % len(sources)]
     width, height = src.size
-    scale = rng.uniform(0.35, 1.0)
-    aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
-    w = min(width, round(math.sqrt(scale * width * height * aspect)))
-    h = min(height, round(math.sqrt(scale * width * height / aspect)))
+    shape = rng.random()
+    if shape < 0.6:
+        aspect = 4 / 3
+    elif shape < 0.75:
+        aspect = 3 / 4
+    else:
+        aspect = math.exp(rng.uniform(math.log(2 / 3), math.log(3 / 2)))
+    # The source's crop: a random share of its area at the file's ratio.
+    area = rng.uniform(0.35, 1.0) * width * height
+    w = min(width, round(math.sqrt(area * aspect)))
+    h = min(height, round(w / aspect))
     left = int(rng.integers(0, width - w + 1))
     top = int(rng.integers(0, height - h + 1))
-    longer = round(size * rng.uniform(*_SIDE_RANGE))
+    longer = max(2, round(size * _LONGER_PER_SIDE * rng.uniform(*_LONGER_SPREAD)))
     out = (
-        (longer, max(1, round(longer * h / w)))
-        if w >= h
-        else (
-            max(1, round(longer * w / h)),
-            longer,
-        )
+        (longer, max(1, round(longer / aspect)))
+        if aspect >= 1
+        else (max(1, round(longer * aspect)), longer)
     )
     image = src.resize(
         out, Image.Resampling.BILINEAR, box=(left, top, left + w, top + h)
     )
     gains = rng.uniform(0.85, 1.15, 3)
     pixels = np.asarray(image, dtype=np.float32) * gains
+    pixels += rng.normal(0.0, rng.uniform(*_GRAIN), pixels.shape).astype(np.float32)
     image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
     if rng.random() < 0.5:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return image, int(rng.integers(80, 96))
+    kind = rng.random()
+    options: dict[str, Any] = {"quality": int(rng.integers(*_QUALITY))}
+    if kind < PROGRESSIVE_SHARE:
+        options["progressive"] = True
+    elif kind < PROGRESSIVE_SHARE + GRAYSCALE_SHARE:
+        image = image.convert("L")
+    return image, options
 
 
 def _sources() -> list[Any]:
