@@ -25,6 +25,11 @@ the figures):
   copies queued from it have completed.
 - A device tensor is a 'meta' tensor of the right shape: nothing is
   computed, only timed.
+- The GPU's JPEG decoder (``jpeg_engine``) is one queue of its own beside
+  the compute and copy engines, as NVJPG is its own silicon: a batch of n
+  images takes n / rate once its input has been copied, in the order the
+  batches were queued. What a backend runs on the SMs around it (resize,
+  normalize) is launched by the caller on a stream, as compute.
 
 Everything is patched into torch by ``install`` in a process of its own (the
 bench runs each loader in a fresh interpreter); nothing here is imported by
@@ -102,6 +107,33 @@ class ModelStream:
         return time.perf_counter() >= self.tail
 
 
+class ModelJpegEngine:
+    """The GPU's JPEG decoder on the model: a queue of its own, decoding
+    ``images_per_s`` images a second whatever the streams do (its own
+    engine), each batch after the event it is told to wait for (the copy
+    of its bytes)."""
+
+    def __init__(self, gpu: ModelGpu, images_per_s: float) -> None:
+        if images_per_s <= 0:
+            raise ValueError(f"images_per_s={images_per_s}: must be positive")
+        self._gpu = gpu
+        self.images_per_s = images_per_s
+        self.queue = gpu.new_stream()
+        self.images = 0  # decoded, all batches
+        self.busy_s = 0.0
+
+    def decode(self, images: int, after: ModelEvent | None = None) -> ModelEvent:
+        """Queues a batch of ``images`` after ``after``; the event the
+        decoded batch is ready at."""
+        if after is not None:
+            self.queue.wait_event(after)
+        seconds = images / self.images_per_s
+        self._gpu.launch(self.queue, seconds)
+        self.images += images
+        self.busy_s += seconds
+        return self.queue.record_event()
+
+
 class HostBlock:
     """A page-locked block of the model's caching host allocator."""
 
@@ -146,6 +178,11 @@ class ModelGpu:
         stream = ModelStream(self)
         self._streams.append(stream)
         return stream
+
+    def jpeg_engine(self, images_per_s: float) -> ModelJpegEngine:
+        """The device's JPEG decoder, decoding ``images_per_s`` images a
+        second."""
+        return ModelJpegEngine(self, images_per_s)
 
     def current_stream(self) -> ModelStream:
         stream: ModelStream | None = getattr(self._local, "stream", None)

@@ -16,43 +16,61 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from . import decode_model
 from .fresh import run_in_turn, run_job, serve_job
 from .train_loop import close_loader, epochs, repeat
 
-LOADERS = ("DataLoader", "fastq.torch.DataLoader", "TorchPrefetcher", "ceiling")
+# The GPU-decode rows: fastq.torch.DataLoader hands the loop each batch's
+# encoded bytes, and the decode stage of decode_model runs on the model's
+# JPEG engine, with each backend's way of calling it.
+DECODE_LOADERS = ("GPU decode: nvImageCodec", "GPU decode: torchvision")
+LOADERS = (
+    "DataLoader",
+    "fastq.torch.DataLoader",
+    "TorchPrefetcher",
+    *DECODE_LOADERS,
+    "ceiling",
+)
 
 
 @dataclass(frozen=True)
 class Shape:
-    """A step as measured on an H100 (python -m fastq bench --case train,
-    bf16, channels_last, batch 128): GPU time, and the loop thread's
-    launch time, per step."""
+    """A step as measured on the H200 (python -m fastq bench --case train,
+    bf16, channels_last, batch 128; decode_model's calibration): GPU time
+    (the ceiling's step), and the loop thread's launch time, per step."""
 
     gpu_ms: float
     launch_ms: float
     kernels: int  # launches per step: the launch queue holds 1024 of them
 
 
+def _h200(model: str, kernels: int) -> Shape:
+    gpu_ms, launch_ms = decode_model.h200_step_ms(model)
+    return Shape(gpu_ms=gpu_ms, launch_ms=launch_ms, kernels=kernels)
+
+
 # Kernels per step: launch time at about 35 us per launch, PyTorch's
-# dispatch and CUDA's launch together.
-SHAPES = {
-    "resnet50": Shape(gpu_ms=36.0, launch_ms=19.0, kernels=540),
-    "resnet18": Shape(gpu_ms=12.0, launch_ms=7.0, kernels=200),
-}
+# dispatch and CUDA's launch together (measured on an H100: ResNet-50 19 ms
+# of launches, ResNet-18 7 ms).
+SHAPES = {"resnet50": _h200("resnet50", 540), "resnet18": _h200("resnet18", 200)}
 # CUDA's launch queue, in kernels: the loop runs this far ahead of the GPU.
 LAUNCH_QUEUE = 1024
 # A step's kernels are launched in this many pieces (the model's grain).
 PIECES = 16
-# The measured loaders' input rate: 5,256 images/s from 15 workers
-# decoding JPEGs (fastq.torch.DataLoader unpinned, ResNet-18, H100 lease).
-WORKERS = 15
-INPUT_IMAGES_PER_S = 5256.0
+# The measured loaders' input rate: 15 workers decoding about 390 JPEGs/s
+# each on the H200's host.
+WORKERS = decode_model.WORKERS
+INPUT_IMAGES_PER_S = WORKERS * decode_model.CPU_DECODE_PER_WORKER
+# The encoded bytes of an image, a quarter of the set's 110 KB as the
+# decoded image is a quarter of the measured one (112-pixel side): a 2-core
+# machine's memcpy then bounds no loader.
+ENCODED_BYTES = decode_model.ENCODED_BYTES // 4
 
 
 @dataclass
@@ -70,6 +88,8 @@ class Config:
     # run at the workers' steady rate.
     steps: int = 150
     warmup: int = 60
+    # The GPU-decode rows: the JPEG engine's rate.
+    decode_images_per_s: float = decode_model.DECODE_IMAGES_PER_S
 
 
 @dataclass
@@ -83,6 +103,8 @@ class Run:
     # waiting): a synchronize, a blocking copy.
     loop_gpu_waits: int = 0
     pinned: dict[str, Any] | None = None  # fastq's stats()["pinned"]
+    # The GPU-decode rows: the decode engine's share of the measured time.
+    engine_busy: float = 0.0
     host_bytes: int = 0  # page-locked blocks the caching allocator made
     bad_batches: int = 0
     error: str | None = None
@@ -93,20 +115,21 @@ class Run:
 
 
 class Timed:
-    """Map-style dataset: sample i is (a uint8 image, i's label, i); a
-    batch of them takes ``batch_s`` in its worker (``__getitems__``, which
-    torch's fetcher and fastq's both call), then is collated for real."""
+    """Map-style dataset: sample i is (``sample``, i's label, i), where
+    ``sample`` is a uint8 image or a file's encoded bytes; a batch of them
+    takes ``batch_s`` in its worker (``__getitems__``, which torch's
+    fetcher and fastq's both call), then is collated for real."""
 
-    def __init__(self, n: int, size: int, batch_s: float) -> None:
+    def __init__(self, n: int, sample: np.ndarray[Any, Any], batch_s: float) -> None:
         self.n = n
-        self.image = np.zeros((3, size, size), dtype=np.uint8)
+        self.sample = sample
         self.batch_s = batch_s
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> tuple[Any, np.int64, np.int64]:
-        return self.image, np.int64(i % 1000), np.int64(i)
+        return self.sample, np.int64(i % 1000), np.int64(i)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         time.sleep(self.batch_s)
@@ -122,10 +145,20 @@ def measure(cfg: Config) -> Run:
     import torch
 
     device = torch.device("cuda", 0)
-    batch_s = cfg.workers * cfg.batch_size / cfg.images_per_s
     epoch = cfg.batch_size * (cfg.warmup + cfg.steps + 2 * cfg.workers + 8)
-    dataset = Timed(epoch, cfg.image_size, batch_s)
+    decoding = cfg.loader in DECODE_LOADERS
+    if decoding:
+        sample = np.zeros(ENCODED_BYTES, dtype=np.uint8)
+        batch_s = decode_model.worker_s_per_batch(cfg.batch_size)
+    else:
+        sample = np.zeros((3, cfg.image_size, cfg.image_size), dtype=np.uint8)
+        batch_s = cfg.workers * cfg.batch_size / cfg.images_per_s
+    dataset = Timed(epoch, sample, batch_s)
     loader, batches = _open(cfg, dataset, device)
+    engine = None
+    if decoding:
+        engine = gpu.jpeg_engine(cfg.decode_images_per_s)
+        batches = _decoded(cfg, gpu, engine, batches, device)
     launch_s = shape.launch_ms / 1e3 / PIECES
     gpu_s = shape.gpu_ms / 1e3 / PIECES
     stream = gpu.default
@@ -142,10 +175,12 @@ def measure(cfg: Config) -> Run:
     waited = cpu = 0.0
     start = time.perf_counter()
     expected = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
+    busy0 = 0.0
     for i in range(cfg.warmup + cfg.steps):
         if i == cfg.warmup:
             gpu.synchronize()
             syncs0 = gpu.waits["MainThread sync"][0]
+            busy0 = 0.0 if engine is None else engine.busy_s
             waited = cpu = 0.0
             start = time.perf_counter()
         c0 = time.thread_time()
@@ -165,6 +200,8 @@ def measure(cfg: Config) -> Run:
     run.images_per_s = cfg.steps * cfg.batch_size / elapsed
     run.wait_share = waited / elapsed
     run.loop_cpu_ms = cpu / cfg.steps * 1e3
+    if engine is not None:
+        run.engine_busy = (engine.busy_s - busy0) / elapsed
     stats = getattr(loader, "stats", None)
     if stats is not None:
         run.pinned = stats().get("pinned")
@@ -172,6 +209,44 @@ def measure(cfg: Config) -> Run:
     batches.close()
     close_loader(loader)
     return run
+
+
+def _decoded(
+    cfg: Config, gpu: Any, engine: Any, batches: Any, device: Any
+) -> Iterator[Any]:
+    """The decode stage on the model, one batch ahead (batch k+1's decode
+    is queued before step k is launched): the encoded bytes copied on the
+    stage's stream, the backend's call on this thread, the engine's decode
+    after the copy (waited for here where the backend blocks), then the
+    stage's kernels on the compute stream once it is decoded. Yields the
+    decoded batch as device tensors."""
+    import torch
+
+    backend = decode_model.BACKENDS[cfg.loader.split(": ", 1)[1]]
+    stream = gpu.new_stream()
+    host_s = cfg.batch_size * decode_model.HOST_US_PER_IMAGE / 1e6
+    post_s = cfg.batch_size * decode_model.POST_US_PER_IMAGE / 1e6
+    engine_images = round(cfg.batch_size * (1 - decode_model.OTHER_SHARE))
+    shape = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
+
+    def submit(data: Any) -> Any:
+        with gpu.use_stream(stream):
+            data.to(device, non_blocking=True)
+            copied = stream.record_event()
+        time.sleep(host_s)
+        done = engine.decode(engine_images, after=copied)
+        if backend.blocking:
+            done.synchronize()
+        return done
+
+    data, labels, _ = next(batches)
+    pending = submit(data)
+    for data, next_labels, _ in batches:
+        decoding = submit(data)
+        gpu.default.wait_event(pending)
+        gpu.launch(gpu.default, post_s)
+        yield torch.empty(shape, device="meta"), labels, None
+        pending, labels = decoding, next_labels
 
 
 def _open(cfg: Config, dataset: Timed, device: Any) -> tuple[Any, Any]:
@@ -200,7 +275,7 @@ def _open(cfg: Config, dataset: Timed, device: Any) -> tuple[Any, Any]:
     else:
         if cfg.loader == "DataLoader":
             cls: Any = torch.utils.data.DataLoader
-        elif cfg.loader == "fastq.torch.DataLoader":
+        elif cfg.loader in ("fastq.torch.DataLoader", *DECODE_LOADERS):
             from ..torch import DataLoader as cls
         else:
             raise ValueError(f"loader={cfg.loader!r}: choose from {LOADERS}")
@@ -218,13 +293,31 @@ def _open(cfg: Config, dataset: Timed, device: Any) -> tuple[Any, Any]:
 
 
 INTRO = (
-    "GPU-timeline model (fastq/_bench/gpu_model.py): a step shaped like the "
-    "H100's (ResNet-50: 36 ms on the GPU, 19 ms of launches; ResNet-18: 12 "
-    "and 7), launch queue of 1024 kernels, copies at 25 GB/s from "
-    "page-locked memory, pin_memory=True; 15 workers making 5,256 "
-    "images/s in all (128 x 3 x 112 x 112 uint8 a batch); 150 steps after 60; "
-    "medians of {repeats} run(s), each loader in a fresh process"
+    "GPU-timeline model (fastq/_bench/gpu_model.py), calibrated to the "
+    "H200's figures: a step shaped like the H200's (ResNet-50: {r50:.1f} ms "
+    "on the GPU, {l50:.1f} ms of launches; ResNet-18: {r18:.1f} and {l18:.1f}), "
+    "launch queue of 1024 kernels, copies at 25 GB/s from page-locked memory, "
+    "pin_memory=True; 15 workers making {input:,.0f} images/s in all (128 x 3 "
+    "x 112 x 112 uint8 a batch). GPU decode rows: the workers read, parse and "
+    "draw boxes ({worker:.1f} ms a batch each), the stage decodes one batch "
+    "ahead on a JPEG engine of {rate:,.0f} images/s (nvImageCodec: on a "
+    "stream; torchvision: the call waits for it on the loop's thread). "
+    "150 steps after 60; medians of {repeats} run(s), each loader in a fresh "
+    "process. A model, not a GPU's measurement"
 )
+
+
+def intro(repeats: int) -> str:
+    return INTRO.format(
+        r50=SHAPES["resnet50"].gpu_ms,
+        l50=SHAPES["resnet50"].launch_ms,
+        r18=SHAPES["resnet18"].gpu_ms,
+        l18=SHAPES["resnet18"].launch_ms,
+        input=INPUT_IMAGES_PER_S,
+        worker=decode_model.worker_s_per_batch(128) * 1e3,
+        rate=decode_model.DECODE_IMAGES_PER_S,
+        repeats=repeats,
+    )
 
 
 def plan(models: Sequence[str]) -> list[Config]:
@@ -259,6 +352,7 @@ def describe(r: Run) -> str:
         f"{c.model} {c.loader}: {r.images_per_s:,.0f} img/s, waits "
         f"{r.wait_share:.0%}, loop CPU {r.loop_cpu_ms:.1f} ms/step, "
         f"loop waits for the GPU {r.loop_gpu_waits}"
+        + (f", decode engine busy {r.engine_busy:.0%}" if r.engine_busy else "")
     )
 
 
@@ -275,8 +369,9 @@ def table(runs: Sequence[Run]) -> str:
             by.setdefault((r.config.model, r.config.loader), []).append(r)
     lines = [
         "| model | loader | img/s | of the ceiling | x DataLoader | waits | "
-        "loop CPU ms/step | loop's GPU waits | most slots held for the GPU |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "loop CPU ms/step | loop's GPU waits | most slots held for the GPU | "
+        "decode engine busy |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model in dict.fromkeys(r.config.model for r in runs):
         ceiling = by.get((model, "ceiling"))
@@ -294,7 +389,12 @@ def table(runs: Sequence[Run]) -> str:
                 f"{ips / dl:.2f} | {_median(rs, lambda r: r.wait_share):.0%} | "
                 f"{_median(rs, lambda r: r.loop_cpu_ms):.1f} | "
                 f"{_median(rs, lambda r: r.loop_gpu_waits):.0f} | "
-                f"{max(held) if held else '-'} |"
+                f"{max(held) if held else '-'} | "
+                + (
+                    f"{_median(rs, lambda r: r.engine_busy):.0%} |"
+                    if loader in DECODE_LOADERS
+                    else "- |"
+                )
             )
     return "\n".join(lines)
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 
-from . import gpu_timeline, procstat, train
+from . import decode_model, gpu_timeline, procstat, train
 from .session import Session
 
 
@@ -94,8 +94,10 @@ def add_gpu_model(
             session.records.append({"section": "gpu-model", **asdict(r)})
 
         runs = gpu_timeline.run_all(configs, repeats, progress)
-        text.append(gpu_timeline.INTRO.format(repeats=repeats) + "\n")
+        text.append(gpu_timeline.intro(repeats) + "\n")
         text.append(gpu_timeline.table(runs) + "\n")
+        text.append(decode_model.intro() + "\n")
+        text.append(decode_model.table() + "\n")
 
     plan.append(("gpu-model", model_runs))
     counts.append(len(configs) * repeats)
