@@ -215,8 +215,8 @@ def test_page_locked_memory_stays_bounded_over_a_thousand_batches(
     on_fake_cuda: PinnedCuda,
 ) -> None:
     """A thousand batches with the GPU a step behind: the only page-locked
-    memory is the ring, registered once (no block per batch, as a pin
-    thread's copies would take)."""
+    memory is the ring, registered once, first slot first (no block per
+    batch, as a pin thread's copies would take)."""
     gpu = on_fake_cuda.gpu
 
     class Thousand(Rows):
@@ -237,7 +237,14 @@ def test_page_locked_memory_stays_bounded_over_a_thousand_batches(
         gpu.run_to(b - 1)
     [ring] = on_fake_cuda.rings
     assert ring.registered
-    assert ring.cuda.registered == [loader._engine._region.size]
+    engine = loader._engine._engine
+    first_slot, size = min(engine._slot_ranges())
+    # What precedes the first slot and the slot itself, then the rest.
+    assert ring.cuda.registered == [
+        first_slot + size,
+        engine.region.size - first_slot - size,
+    ]
+    assert ring.stats()["registered_bytes"] == engine.region.size
     gpu.run_all()
     loader.close()
 

@@ -482,7 +482,9 @@ class Prefetcher(Face):
             unless ``workers="auto"``): ``workers`` running, ``pool``
             started, ``why``, and ``decisions``, each with ``at_s``,
             ``workers`` and ``why``; and ``pinned`` (None unless the ring
-            is page-locked): ``registered``, ``loop_synchronizes`` (the
+            is page-locked): ``registered`` (all of the ring; it is
+            page-locked slot by slot, first slot first),
+            ``registered_bytes`` (so far), ``loop_synchronizes`` (the
             times the loop's thread waited for the GPU on the ring's
             account: only ``close()`` does), ``device_held`` and
             ``peak_device_held`` (slots the loop released that wait for

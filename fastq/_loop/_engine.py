@@ -75,7 +75,12 @@ class SlotPinning(Protocol):
 
     @property
     def waiting(self) -> int: ...
-    def attach(self, mapping: Any, settled: Callable[[], Any]) -> None: ...
+    def attach(
+        self,
+        mapping: Any,
+        settled: Callable[[], Any],
+        slots: list[tuple[int, int]] | None = None,
+    ) -> None: ...
     def hold(self, whole: np.ndarray[Any, Any], lease: Any) -> None: ...
     def stats(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
@@ -155,6 +160,16 @@ class Engine:
         )
         return self.ring
 
+    def _slot_ranges(self) -> list[tuple[int, int]]:
+        """(offset, nbytes) of each of the ring's slots in its region."""
+        assert self.ring is not None and self.region is not None
+        base = np.frombuffer(self.region.mapping, dtype=np.uint8).ctypes.data
+        ranges = []
+        for slot in range(self.ring.nslots):
+            view = np.frombuffer(self.ring.slot_view(slot), dtype=np.uint8)
+            ranges.append((view.ctypes.data - base, view.nbytes))
+        return ranges
+
     def open_feed(
         self, spec: Any, sampler: Any, batches: BatchMaker, **options: Any
     ) -> Feed:
@@ -165,8 +180,11 @@ class Engine:
         assert self.region is not None
         if self._make_pinning is not None:
             self.pinning = self._make_pinning()
-            # Page-locked pages cannot be collapsed: pinned once settled.
-            self.pinning.attach(self.region.mapping, self.region.wait_settled)
+            # Page-locked pages cannot be collapsed: pinned once settled;
+            # slot by slot, first slots first (fastq/torch/_pinned.py).
+            self.pinning.attach(
+                self.region.mapping, self.region.wait_settled, self._slot_ranges()
+            )
         self.region.on_failure(self._memory_failed)
         self.batches = batches
         self.feed = Feed(

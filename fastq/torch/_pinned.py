@@ -21,6 +21,42 @@ import torch
 from ..errors import SharedMemoryError
 from ._cuda import Cuda, Event, TorchCuda
 
+# NOTE [ Page-locking the ring slot by slot ]
+#
+# cudaHostRegister of a whole ring (hundreds of MB with ImageNet's batches)
+# takes the driver for as long as it pins and maps every page, and a copy
+# queued meanwhile (the first batch's) waits behind it. So the ring is
+# registered in pieces along its slots, first slot first: what lies before
+# the first slot with it, then the following slots, several at once up to
+# REGISTER_CHUNK_BYTES, the last piece reaching the ring's end. Between two
+# calls the driver is free, so a copy waits for one piece at most, and the
+# first slots are pinned first. A slot lies in one piece, so a batch's
+# tensors are pinned or not as a whole; a batch in a slot not registered
+# yet is pinned by copy (torch's pin_memory), as DataLoader pins it.
+REGISTER_CHUNK_BYTES = 32 << 20
+
+
+def register_pieces(
+    total: int, slots: Sequence[tuple[int, int]] | None
+) -> list[tuple[int, int]]:
+    """(offset, nbytes) of each piece of a ``total``-byte ring to register,
+    in order, given its slots' (offset, nbytes) (NOTE [ Page-locking the
+    ring slot by slot ]); the whole ring at once without them."""
+    if not slots:
+        return [(0, total)]
+    ends = sorted(offset + nbytes for offset, nbytes in slots)
+    pieces: list[tuple[int, int]] = []
+    start = 0
+    for k, end in enumerate(ends):
+        last = k == len(ends) - 1
+        if last:
+            end = total
+        elif k > 0 and ends[k + 1] - start <= REGISTER_CHUNK_BYTES:
+            continue  # the next slot fits in this piece too
+        pieces.append((start, end - start))
+        start = end
+    return pieces
+
 
 def _slot_owner(leaf: np.ndarray[Any, Any]) -> Any:
     """The object at the end of a slot view's base chain: its SlotLease."""
@@ -82,6 +118,11 @@ class CudaRing:
         self.synchronizes = 0
         self.peak_waiting = 0
         self._host: np.ndarray[Any, Any] | None = None
+        # Addresses and sizes registered so far (NOTE [ Page-locking the
+        # ring slot by slot ]); the ring counts as registered once all are.
+        self._pieces: list[tuple[int, int]] = []
+        self._complete = False
+        self._slots: Sequence[tuple[int, int]] | None = None
         self._mapping: Any = None
         self._settled: Callable[[], Any] = _nothing
         self._changed = threading.Condition()
@@ -91,12 +132,19 @@ class CudaRing:
 
     # ------------------------------------------------------------ pinning
 
-    def attach(self, mapping: Any, settled: Callable[[], Any]) -> None:
+    def attach(
+        self,
+        mapping: Any,
+        settled: Callable[[], Any],
+        slots: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
         """Takes hold of a new ring: page-locks it if ``pin``, now or on a
         thread, once ``settled()`` has returned (its pages made huge:
-        page-locked pages cannot be)."""
+        page-locked pages cannot be), slot by slot where ``slots`` gives
+        each slot's (offset, nbytes) in ``mapping``."""
         if not self.pin:
             return
+        self._slots = slots
         if self.register_later:
             self._mapping, self._settled = mapping, settled
             # A thread of its own: the returner must not wait for it.
@@ -106,27 +154,60 @@ class CudaRing:
             self._registrar.start()
         else:
             settled()
-            self.register(mapping)
+            try:
+                self.register(mapping)
+            except SharedMemoryError:
+                # Not started: no copy can read the pieces pinned so far.
+                with contextlib.suppress(SharedMemoryError):
+                    self.unregister_all()
+                raise
 
     def register(self, mapping: Any) -> None:
-        """Page-locks the whole ring once, so copies from any slot are DMA
-        transfers with no staging copy."""
+        """Page-locks the ring, piece by piece along its slots (NOTE
+        [ Page-locking the ring slot by slot ]), so copies from any slot are
+        DMA transfers with no staging copy. A piece that fails raises;
+        the pieces before it stay registered (close() unregisters them)."""
         # The array keeps the mapping exported (it cannot be closed) for as
         # long as it is registered.
         host = np.frombuffer(mapping, dtype=np.uint8)
-        err = self.cuda.register(host.ctypes.data, host.nbytes)
-        if err is not None:
-            raise SharedMemoryError(
-                f"pin_memory=True: cudaHostRegister could not page-lock the "
-                f"{host.nbytes}-byte ring ({err}). Lower slots= or "
-                "batch_size=, or pass pin_memory=False (copies then go "
-                "through CUDA's staging buffers)"
-            )
         self._host = host
+        base = host.ctypes.data
+        for offset, nbytes in register_pieces(host.nbytes, self._slots):
+            err = self.cuda.register(base + offset, nbytes)
+            if err is not None:
+                raise SharedMemoryError(
+                    f"pin_memory=True: cudaHostRegister could not page-lock "
+                    f"{nbytes} bytes of the {host.nbytes}-byte ring ({err}). "
+                    "Lower slots= or batch_size=, or pass pin_memory=False "
+                    "(copies then go through CUDA's staging buffers)"
+                )
+            with self._changed:
+                self._pieces.append((base + offset, nbytes))
+        self._complete = True
+
+    def unregister_all(self) -> None:
+        """Unpins every registered piece; the first failure raises, after
+        the others are unpinned."""
+        with self._changed:
+            pieces, self._pieces = self._pieces, []
+        self._complete = False
+        self._host = None
+        failed = None
+        for address, _ in pieces:
+            err = self.cuda.unregister(address)
+            failed = failed or err
+        if failed is not None:
+            raise SharedMemoryError(f"cudaHostUnregister failed on the ring ({failed})")
 
     @property
     def registered(self) -> bool:
-        return self._host is not None
+        """Every piece of the ring is page-locked."""
+        return self._complete
+
+    @property
+    def registered_bytes(self) -> int:
+        with self._changed:
+            return sum(nbytes for _, nbytes in self._pieces)
 
     @property
     def waiting(self) -> int:
@@ -136,6 +217,7 @@ class CudaRing:
     def stats(self) -> dict[str, Any]:
         return {
             "registered": self.registered,
+            "registered_bytes": self.registered_bytes,
             "loop_synchronizes": self.synchronizes,
             "device_held": self.waiting,
             "peak_device_held": self.peak_waiting,
@@ -211,7 +293,8 @@ class CudaRing:
                 self.register(mapping)
         except SharedMemoryError as exc:
             warnings.warn(
-                f"{exc}. Batches are pinned by copy instead, as DataLoader pins them",
+                f"{exc}. Batches in the slots not page-locked are pinned by "
+                "copy instead, as DataLoader pins them",
                 RuntimeWarning,
                 stacklevel=1,
             )
@@ -240,7 +323,7 @@ class CudaRing:
         """Waits for every queued copy from the ring, stops the returner,
         then unpins the ring."""
         try:
-            if self.registered or self.pending or self._returner is not None:
+            if self._pieces or self.pending or self._returner is not None:
                 # Copies the user queued from pinned batches are not all in
                 # `pending` yet (their tensors may be alive): the ring must
                 # not be unpinned under a DMA in flight.
@@ -264,13 +347,7 @@ class CudaRing:
                     # registration ends.
                     thread.join()
             self.pending.clear()
-            host, self._host = self._host, None
-            if host is not None:
-                err = self.cuda.unregister(host.ctypes.data)
-                if err is not None:
-                    raise SharedMemoryError(
-                        f"cudaHostUnregister failed on the ring ({err})"
-                    )
+            self.unregister_all()
 
 
 def _nothing() -> None:
