@@ -161,3 +161,36 @@ def test_the_models_take_a_step() -> None:
         step = train_model.make_step(model, torch.device("cpu"))
         images = torch.randint(0, 256, (2, 3, SIDE, SIDE), dtype=torch.uint8)
         step(images, torch.tensor([0, 1]))
+
+
+def test_a_gpu_decode_row_that_cannot_run_here_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without the decode stage or its backend, the row is 'not available'
+    with the reason, and nothing else is measured in its place."""
+    from fastq._bench import train_decode, train_loop
+
+    monkeypatch.setattr(
+        train_decode, "problem", lambda loader, device: "no stage in this checkout"
+    )
+    cfg = train.plan(
+        models=["tiny"],
+        workers=[1],
+        loaders=["GPU decode: nvImageCodec"],
+        device="cpu",
+        batch_size=BATCH,
+        steps=1,
+        warmup=1,
+        images=FILES,
+        image_size=SIDE,
+        data=str(tmp_path),
+    )
+    assert [c.loader for c in cfg] == ["GPU decode: nvImageCodec"]
+    run = train_loop.measure(cfg[0])
+    assert run.error == "not available: no stage in this checkout"
+    assert run.images == 0
+    text = train.table([run])
+    assert "GPU decode: nvImageCodec" in text and "not available" in text
+    # On the CPU the GPU-decode rows run only when asked for.
+    default = train.plan(models=["tiny"], device="cpu", data=str(tmp_path))
+    assert not {c.loader for c in default} & set(train.DECODE_LOADERS)

@@ -21,6 +21,8 @@ from .._faces._prefetcher import _cpus_per_rank, default_workers
 
 # Re-exported: the runner reads them here.
 from .fresh import run_in_turn, run_job
+from .train_loop import DECODE_LOADERS as DECODE_LOADERS
+from .train_loop import EVERY_LOADER as EVERY_LOADER
 from .train_loop import LOADERS as LOADERS
 from .train_loop import PSS_INTERVAL_S
 from .train_loop import Config as Config
@@ -55,9 +57,13 @@ INTRO = (
     "over the measured steps, the share of their wall time spent waiting in "
     "next(), the loop thread's CPU time per step, the time from the loader's "
     "construction to the first batch in hand, and the peak PSS of the process "
-    f"and its children (sampled every {PSS_INTERVAL_S:g} s); ratios to torch's "
-    "DataLoader and to the ceiling (the same step on one batch held on the "
-    "device)"
+    f"and its children (sampled every {PSS_INTERVAL_S:g} s), and the "
+    "workers' CPU time per image; ratios to torch's DataLoader and to the "
+    "ceiling (the same step on one batch held on the device). The GPU-decode "
+    "rows: fastq.torch.DataLoader over the files as a fastq.vision dataset "
+    "with torchvision's ImageNet transform, decoded on the GPU by each "
+    "backend (bf16, channels_last), with the decode stage's GPU time per "
+    "batch and its peak GPU memory from its stats()"
 )
 
 
@@ -115,8 +121,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--loader",
         action="append",
         metavar="NAME",
-        help=f"some of {', '.join(LOADERS)}, repeatable or comma-separated "
-        "(default: all)",
+        help=f"some of {', '.join(EVERY_LOADER)}, repeatable or "
+        "comma-separated (default: all; the GPU-decode rows on a GPU only)",
     )
 
 
@@ -229,9 +235,10 @@ def plan(
         if problem is not None:
             raise ValueError(problem)
     for name in loaders or ():
-        if name not in LOADERS:
-            raise ValueError(f"--loader {name}: choose from {', '.join(LOADERS)}")
-    loaders = sorted(set(loaders or LOADERS), key=LOADERS.index)
+        if name not in EVERY_LOADER:
+            raise ValueError(f"--loader {name}: choose from {', '.join(EVERY_LOADER)}")
+    default = EVERY_LOADER if device == "cuda" else LOADERS
+    loaders = sorted(set(loaders or default), key=EVERY_LOADER.index)
     batch = d.batch_size if batch_size is None else batch_size
     warm = d.warmup if warmup is None else warmup
     measured = d.steps if steps is None else steps
@@ -317,7 +324,22 @@ def describe(r: Run) -> str:
     return (
         f"{head}: {r.images_per_s:,.0f} images/s, waiting {100 * r.wait_share:.0f}%, "
         f"loop CPU {r.loop_cpu_ms:.1f} ms/step{first}, "
-        f"peak PSS {r.peak_pss / 1e6:.0f} MB"
+        f"workers' CPU {r.worker_cpu_us:,.0f} us/image, "
+        f"peak PSS {r.peak_pss / 1e6:.0f} MB{_decode_figures(r)}"
+    )
+
+
+def _decode_figures(r: Run) -> str:
+    """The decode stage's figures, for a GPU-decode row."""
+    if r.config.loader not in DECODE_LOADERS or r.decode is None:
+        return ""
+    d = r.decode
+    gpu = "-" if r.decode_gpu_ms is None else f"{r.decode_gpu_ms:.2f}"
+    return (
+        f"; decode stage: {d.get('backend')}, GPU {gpu} ms/batch, GPU memory "
+        f"{d.get('gpu_bytes', 0) / 1e6:.0f} MB (peak "
+        f"{d.get('peak_gpu_bytes', 0) / 1e6:.0f}), {d.get('per_image', 0)} "
+        "files decoded per image"
     )
 
 
@@ -343,6 +365,9 @@ COLUMNS = (
     ("first batch s", 13),
     ("peak PSS MB", 11),
     ("x DataLoader", 12),
+    ("workers' CPU us/image", 21),
+    ("decode GPU ms/batch", 19),
+    ("decode GPU MB peak", 18),
 )
 
 
@@ -380,7 +405,7 @@ def table(runs: Sequence[Run], repeats: int = 1) -> str:
         columns.append(("images/s, each run", 18))
     blocks = []
     for rs in groups.values():
-        rs.sort(key=lambda r: LOADERS.index(r.config.loader))
+        rs.sort(key=lambda r: EVERY_LOADER.index(r.config.loader))
         by = {r.config.loader: r for r in rs if not r.error}
         base, ceiling = by.get("DataLoader"), by.get("ceiling")
         head = "  ".join(
@@ -403,6 +428,11 @@ def table(runs: Sequence[Run], repeats: int = 1) -> str:
                 "-" if r.first_batch_s is None else f"{r.first_batch_s:.3f}",
                 f"{r.peak_pss / 1e6:.0f}",
                 _ratio(r.peak_pss, base.peak_pss if base else None),
+                f"{r.worker_cpu_us:,.0f}" if r.config.loader != "ceiling" else "-",
+                "-" if r.decode_gpu_ms is None else f"{r.decode_gpu_ms:.2f}",
+                "-"
+                if r.decode is None
+                else f"{r.decode.get('peak_gpu_bytes', 0) / 1e6:.0f}",
             ]
             if repeats > 1:
                 c = r.config

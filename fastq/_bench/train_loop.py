@@ -12,12 +12,16 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import procstat
+from . import procstat, train_decode
 from .fresh import serve_job
 
 # The loaders, in the tables' order; "ceiling" is one batch held on the
 # device and trained on again at every step: no loader can do better.
 LOADERS = ("DataLoader", "fastq.torch.DataLoader", "TorchPrefetcher", "ceiling")
+# The rows whose JPEGs the GPU decodes (fastq/_bench/train_decode.py), run
+# by default on a GPU only; every row, in the tables' order.
+DECODE_LOADERS = train_decode.DECODE_LOADERS
+EVERY_LOADER = (*LOADERS[:-1], *DECODE_LOADERS, LOADERS[-1])
 # Seconds between samples of the process tree's PSS: each sample walks
 # /proc, and reading a process's smaps holds its memory map's lock.
 PSS_INTERVAL_S = 0.5
@@ -53,6 +57,13 @@ class Run:
     batch_shape: list[int] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)  # images, labels, indices
     complete: bool | None = None  # each epoch's indices distinct, in range
+    # The workers' CPU time (every process under this one) per image over
+    # the measured steps, microseconds.
+    worker_cpu_us: float = 0.0
+    # GPU-decode rows: the decode stage's stats() at the end, and its GPU
+    # time per batch where it reports one.
+    decode: dict[str, Any] | None = None
+    decode_gpu_ms: float | None = None
     error: str | None = None
 
     @classmethod
@@ -66,6 +77,12 @@ def measure(cfg: Config) -> Run:
 
     from .train_data import Images, file_paths
     from .train_model import classes, make_step
+
+    decoding = cfg.loader in DECODE_LOADERS
+    if decoding:
+        why = train_decode.problem(cfg.loader, cfg.device)
+        if why is not None:
+            return Run(cfg, error=f"not available: {why}")
 
     if cfg.warmup < 1:
         raise ValueError(f"warmup={cfg.warmup}: at least 1 (the first batch's step)")
@@ -94,30 +111,33 @@ def measure(cfg: Config) -> Run:
     expected = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
     seen: list[Any] = []
     waited = cpu = 0.0
+    workers0 = procstat.Counters()
     start = time.perf_counter()
     for i in range(cfg.warmup + cfg.steps):
         if i == cfg.warmup:
             sync()
             pss.sample()
             waited = cpu = 0.0
+            workers0 = procstat.tree_counters(procstat.children_of(os.getpid()))
             start = time.perf_counter()
         c0 = time.thread_time()
         w0 = time.perf_counter()
         batch = first if i == 0 else next(batches)
         w1 = time.perf_counter()
-        images, labels, index = batch
+        if decoding:  # (images, labels): the stage hands out no index
+            images, labels = batch
+            index = None
+        else:
+            images, labels, index = batch
         if i == 0:
             run.batch_shape = list(images.shape)
-            run.dtypes = [str(t.dtype) for t in (images, labels, index)]
-        if (
-            tuple(images.shape) == expected
-            and images.dtype == torch.uint8
-            and labels.dtype == index.dtype == torch.int64
-        ):
+            run.dtypes = [str(t.dtype) for t in batch]
+        if _as_expected(images, labels, index, expected, decoding):
             run.images += images.shape[0]
         else:
             run.bad_batches += 1
-        seen.append(index.clone())  # a copy: a view would hold its slot
+        if index is not None:
+            seen.append(index.clone())  # a copy: a view would hold its slot
         step(images, labels)
         del batch, images, labels, index
         if i == 0:
@@ -128,15 +148,35 @@ def measure(cfg: Config) -> Run:
             cpu += c1 - c0
     sync()
     elapsed = time.perf_counter() - start
+    workers = procstat.tree_counters(procstat.children_of(os.getpid())) - workers0
     run.peak_pss = pss.stop()
+    if decoding:
+        run.decode = train_decode.stage_stats(loader)
+        run.decode_gpu_ms = train_decode.gpu_ms_per_batch(run.decode)
     batches.close()
     close_loader(loader)
     run.images_per_s = cfg.steps * cfg.batch_size / elapsed
     run.wait_share = waited / elapsed
     run.loop_cpu_ms = cpu / cfg.steps * 1e3
-    if cfg.loader != "ceiling":
+    run.worker_cpu_us = workers.cpu_s / (cfg.steps * cfg.batch_size) * 1e6
+    if cfg.loader != "ceiling" and seen:
         run.complete = _every_index(torch.cat(seen).cpu().tolist(), cfg)
     return run
+
+
+def _as_expected(
+    images: Any, labels: Any, index: Any, expected: tuple[int, ...], decoded: bool
+) -> bool:
+    """A batch of the expected shape and dtypes: uint8 images and int64
+    labels and indices from the workers; from the decode stage, images
+    normalized already and int64 labels."""
+    import torch
+
+    if tuple(images.shape) != expected or labels.dtype != torch.int64:
+        return False
+    if decoded:  # bf16 on a GPU; float32 where the workers decode instead
+        return bool(images.is_floating_point())
+    return bool(images.dtype == torch.uint8 and index.dtype == torch.int64)
 
 
 def _every_index(indices: list[int], cfg: Config) -> bool:
@@ -158,6 +198,23 @@ def _open(
     """(the loader, its batches, running on across epochs)."""
     import torch.utils.data
 
+    common: dict[str, Any] = {
+        "batch_size": cfg.batch_size,
+        "shuffle": True,
+        "drop_last": True,
+        "pin_memory": cfg.pin_memory,
+    }
+    if cfg.loader in DECODE_LOADERS:
+        loader = train_decode.open_loader(
+            cfg.loader,
+            dataset.paths,
+            dataset.classes,
+            cfg.image_size,
+            device,
+            common,
+            cfg.workers,
+        )
+        return loader, epochs(loader)
     if cfg.loader == "ceiling":
         samples = [dataset[i] for i in range(cfg.batch_size)]
         held = tuple(
@@ -165,12 +222,6 @@ def _open(
             for k in range(3)
         )
         return None, repeat(held)
-    common: dict[str, Any] = {
-        "batch_size": cfg.batch_size,
-        "shuffle": True,
-        "drop_last": True,
-        "pin_memory": cfg.pin_memory,
-    }
     loader: Any
     if cfg.loader == "TorchPrefetcher":
         from ..torch import TorchPrefetcher
@@ -187,7 +238,7 @@ def _open(
         elif cfg.loader == "fastq.torch.DataLoader":
             from ..torch import DataLoader as cls
         else:
-            raise ValueError(f"loader={cfg.loader!r}: choose from {LOADERS}")
+            raise ValueError(f"loader={cfg.loader!r}: choose from {EVERY_LOADER}")
         loader = cls(
             dataset, num_workers=cfg.workers, persistent_workers=True, **common
         )

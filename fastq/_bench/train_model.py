@@ -85,8 +85,9 @@ def build(model: str) -> nn.Module:
 
 def make_step(model: str, device: torch.device) -> Callable[[Any, Any], None]:
     """step(images, labels): one SGD step on a batch of uint8 images
-    (B, 3, H, W) and int64 labels, wherever they are; they are moved to
-    `device` without blocking (already there: no copy)."""
+    (B, 3, H, W), or of images normalized already (a GPU decode stage's,
+    any float dtype), and int64 labels, wherever they are; they are moved
+    to `device` without blocking (already there: no copy)."""
     torch.manual_seed(0)
     # Module.to takes memory_format (its documentation), which its
     # annotations leave out.
@@ -100,8 +101,10 @@ def make_step(model: str, device: torch.device) -> Callable[[Any, Any], None]:
         x = images.to(device, non_blocking=True)
         y = labels.to(device, non_blocking=True)
         # uint8 turned channels_last first: a quarter of the bytes to move.
-        x = x.contiguous(memory_format=torch.channels_last).float()
-        x = x.sub_(mean).div_(std)
+        x = x.contiguous(memory_format=torch.channels_last)
+        if x.dtype == torch.uint8:
+            x = x.float().sub_(mean).div_(std)
+        # Otherwise a decode stage's output, normalized already.
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = F.cross_entropy(net(x), y)
         opt.zero_grad(set_to_none=True)
