@@ -69,10 +69,11 @@ POST_US_PER_IMAGE = 2.0
 # headers, queueing the decode): an assumption until measured.
 HOST_US_PER_IMAGE = 20.0
 # A worker's CPU per image when it only reads the file, its header and
-# draws the box and flip: 126 us on the 2-vCPU AMD machine where PIL's
-# pipeline took 2,221 us (benchmarks/results/jpeg-set-2core-amd.txt); the
-# same share of the H200 host's 1/390 s.
-WORKER_SHARE_OF_DECODE = 126 / 2221
+# draws the box and flip (fastq.vision's encoded sample): 85 us on the
+# 2-vCPU AMD machine where the bench's PIL pipeline took 2,505 us
+# (benchmarks/results/jpeg-set-2core-amd.txt); the same share of the H200
+# host's 1/390 s.
+WORKER_SHARE_OF_DECODE = 85 / 2505
 # Files the hardware engine does not take (progressive, grayscale: 2% each
 # in the bench's set), decoded per image on the CPU as the pipeline does.
 OTHER_SHARE = 0.04
