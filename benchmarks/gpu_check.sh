@@ -3,7 +3,8 @@
 #
 #   tests        the CUDA tests (the pinned ring of both faces, copies on a
 #                side stream, slots held until their copies have run,
-#                workers forked after CUDA with a late import), the start-up
+#                workers forked after CUDA with a late import, the decode
+#                stage's tests/test_decode*.py on the GPU), the start-up
 #                bench with CUDA initialised first, and page-locking a ring
 #                whole against slot by slot (benchmarks/pin_register.py)
 #   first-batch  the first batch, three runs each: DataLoader, the pinned
@@ -79,7 +80,7 @@ for part in $parts; do
     tests)
         timeout 150 "$py" -m pytest -q -o addopts= -p no:cacheprovider \
             tests/test_torch_cuda.py tests/test_dataloader_pinned.py \
-            tests/test_pinned_registration.py \
+            tests/test_pinned_registration.py $(ls tests/test_decode*.py 2>/dev/null) \
             > "$out/cuda-tests-$gpu.txt" 2>&1
         timeout 80 "$py" -m fastq bench --case torch-startup --repeat 2 --workers 2 \
             > "$out/torch-startup-$gpu.txt" 2>&1

@@ -339,7 +339,7 @@ def _decode_figures(r: Run) -> str:
         f"; decode stage: {d.get('backend')}, GPU {gpu} ms/batch, GPU memory "
         f"{d.get('gpu_bytes', 0) / 1e6:.0f} MB (peak "
         f"{d.get('peak_gpu_bytes', 0) / 1e6:.0f}), {d.get('per_image', 0)} "
-        "files decoded per image"
+        "files decoded with Pillow"
     )
 
 

@@ -35,9 +35,11 @@ def problem(loader: str, device: str) -> str | None:
         return "fastq.vision (the encoded-image dataset) is not in this checkout"
     if importlib.util.find_spec("torchvision") is None:
         return "torchvision (the transform the dataset reads) is not installed"
+    import inspect
+
     from ..torch import DataLoader
 
-    if "decode_backend" not in DataLoader.__init__.__code__.co_varnames:
+    if "decode_backend" not in inspect.signature(DataLoader).parameters:
         return "fastq.torch.DataLoader has no decode stage (decode_backend=) here"
     backend = BACKENDS[loader]
     if device == "cuda" and importlib.util.find_spec(_MODULES[backend]) is None:
