@@ -194,3 +194,27 @@ def test_a_gpu_decode_row_that_cannot_run_here_says_why(
     # On the CPU the GPU-decode rows run only when asked for.
     default = train.plan(models=["tiny"], device="cpu", data=str(tmp_path))
     assert not {c.loader for c in default} & set(train.DECODE_LOADERS)
+
+
+def test_the_set_has_imagenets_shapes_and_a_few_files_a_gpu_engine_leaves(
+    tmp_path: Path,
+) -> None:
+    """Sizes spread around 500 x 375 for 224-pixel crops (scaled to the
+    side), mostly 4:3, and a few progressive and grayscale files, as
+    NOTE [ An ImageNet-like set ] says."""
+    from PIL import Image
+
+    paths = train_data.make_files(str(tmp_path), 200, SIDE)
+    longer, landscape, progressive, gray = [], 0, 0, 0
+    for p in paths:
+        with Image.open(p) as f:
+            w, h = f.size
+            longer.append(max(w, h))
+            landscape += w > h
+            progressive += bool(f.info.get("progressive"))
+            gray += f.mode == "L"
+    expected = SIDE * 500 / 224
+    assert 0.8 * expected <= min(longer) and max(longer) <= 1.2 * expected
+    assert landscape > len(paths) / 2
+    assert 1 <= progressive <= len(paths) / 10
+    assert 1 <= gray <= len(paths) / 10
