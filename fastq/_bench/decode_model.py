@@ -81,14 +81,13 @@ OTHER_SHARE = 0.04
 ENCODED_BYTES = 110_000
 
 
-def worker_s_per_batch(batch: int) -> float:
+def worker_s_per_batch(batch: int, fallback: bool = True) -> float:
     """A worker's time for a batch when the GPU decodes: read, header and
-    box for every file, and the pipeline's CPU decode for the files the
-    engine does not take (which the workers have the CPU for)."""
-    per_image = (
-        WORKER_SHARE_OF_DECODE * (1 - OTHER_SHARE) + OTHER_SHARE
-    ) / CPU_DECODE_PER_WORKER
-    return batch * per_image
+    box for every file, and (``fallback``) the pipeline's CPU decode for
+    the files the engine does not take (which the workers have the CPU
+    for)."""
+    decode = OTHER_SHARE * (1 - WORKER_SHARE_OF_DECODE) if fallback else 0.0
+    return batch * (WORKER_SHARE_OF_DECODE + decode) / CPU_DECODE_PER_WORKER
 
 
 @dataclass(frozen=True)
@@ -161,10 +160,9 @@ def predict_gpu_decode(
     decode_ms = BATCH * (1 - OTHER_SHARE) / rate * 1e3
     fallback_ms = BATCH * OTHER_SHARE / CPU_DECODE_PER_WORKER * 1e3
     loop_ms = launch_ms + BATCH * HOST_US_PER_IMAGE / 1e3
-    worker_ms = worker_s_per_batch(BATCH) * 1e3
+    worker_ms = worker_s_per_batch(BATCH, not fallback_on_loop_thread) * 1e3
     if fallback_on_loop_thread:
         loop_ms += fallback_ms
-        worker_ms -= fallback_ms * (1 - WORKER_SHARE_OF_DECODE)
     if backend.blocking and backend.on_loop_thread:
         loop_ms += decode_ms
     costs = {

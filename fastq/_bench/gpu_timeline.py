@@ -29,7 +29,14 @@ from .train_loop import close_loader, epochs, repeat
 # The GPU-decode rows: fastq.torch.DataLoader hands the loop each batch's
 # encoded bytes, and the decode stage of decode_model runs on the model's
 # JPEG engine, with each backend's way of calling it.
-DECODE_LOADERS = ("GPU decode: nvImageCodec", "GPU decode: torchvision")
+# The files the engine does not take are decoded with Pillow by the workers,
+# or (the last row) on the loop's thread by the stage.
+FALLBACK_ON_LOOP = "GPU decode: nvImageCodec, Pillow files on the loop"
+DECODE_LOADERS = (
+    "GPU decode: nvImageCodec",
+    "GPU decode: torchvision",
+    FALLBACK_ON_LOOP,
+)
 LOADERS = (
     "DataLoader",
     "fastq.torch.DataLoader",
@@ -149,7 +156,9 @@ def measure(cfg: Config) -> Run:
     decoding = cfg.loader in DECODE_LOADERS
     if decoding:
         sample = np.zeros(ENCODED_BYTES, dtype=np.uint8)
-        batch_s = decode_model.worker_s_per_batch(cfg.batch_size)
+        batch_s = decode_model.worker_s_per_batch(
+            cfg.batch_size, fallback=cfg.loader != FALLBACK_ON_LOOP
+        )
     else:
         sample = np.zeros((3, cfg.image_size, cfg.image_size), dtype=np.uint8)
         batch_s = cfg.workers * cfg.batch_size / cfg.images_per_s
@@ -222,11 +231,13 @@ def _decoded(
     decoded batch as device tensors."""
     import torch
 
-    backend = decode_model.BACKENDS[cfg.loader.split(": ", 1)[1]]
+    backend = decode_model.BACKENDS[cfg.loader.split(": ", 1)[1].split(",")[0]]
     stream = gpu.new_stream()
     host_s = cfg.batch_size * decode_model.HOST_US_PER_IMAGE / 1e6
     post_s = cfg.batch_size * decode_model.POST_US_PER_IMAGE / 1e6
     engine_images = round(cfg.batch_size * (1 - decode_model.OTHER_SHARE))
+    if cfg.loader == FALLBACK_ON_LOOP:
+        host_s += (cfg.batch_size - engine_images) / decode_model.CPU_DECODE_PER_WORKER
     shape = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
 
     def submit(data: Any) -> Any:
@@ -301,7 +312,9 @@ INTRO = (
     "x 112 x 112 uint8 a batch). GPU decode rows: the workers read, parse and "
     "draw boxes ({worker:.1f} ms a batch each), the stage decodes one batch "
     "ahead on a JPEG engine of {rate:,.0f} images/s (nvImageCodec: on a "
-    "stream; torchvision: the call waits for it on the loop's thread). "
+    "stream; torchvision: the call waits for it on the loop's thread); the "
+    "files it does not take ({other:.0%}) decoded with Pillow by the workers, "
+    "or on the loop's thread in the last row. "
     "150 steps after 60; medians of {repeats} run(s), each loader in a fresh "
     "process. A model, not a GPU's measurement"
 )
@@ -316,6 +329,7 @@ def intro(repeats: int) -> str:
         input=INPUT_IMAGES_PER_S,
         worker=decode_model.worker_s_per_batch(128) * 1e3,
         rate=decode_model.DECODE_IMAGES_PER_S,
+        other=decode_model.OTHER_SHARE,
         repeats=repeats,
     )
 
