@@ -27,6 +27,10 @@ from .._faces._arguments import as_int, positive_int
 from .._faces._planned import PlannedLoader
 from .._faces._prefetcher import default_workers
 from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
+from . import _image_decode
+from ._decode_stage import collate_encoded
+from ._decoders import DEFAULT_BACKEND
+from ._image_decode import ImageDecode, encoded_slot_bytes
 from ._loader_engine import new_engine, warn_as_dataloader_pins
 from ._loader_iterator import (
     DataLoaderTimeout,
@@ -89,6 +93,19 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         the largest among its first batches.
     worker_threads : int or None
         BLAS/OpenMP/torch threads per worker (default 1); None leaves them.
+    decode_backend : str or decoder object
+        For a dataset of encoded images (``fastq.vision.ImageFolder``, one
+        with a ``decode_plan``): the GPU decoder, ``"nvimgcodec"``,
+        ``"torchvision"``, ``"auto"`` (the first installed; the default) or
+        ``"cpu"`` (the workers decode with Pillow). On a CUDA device with a
+        decoder, batches are ``(images, labels)`` already on the device,
+        decoded there while the previous step computes; elsewhere the
+        workers decode, with one warning saying why.
+    decode_dtype : torch.dtype
+        The GPU-decoded images' dtype (default float32, as ToTensor's;
+        ``torch.bfloat16`` for a bf16 step).
+    channels_last : bool
+        The GPU-decoded images in channels-last memory format.
     """
 
     def __init__(
@@ -115,6 +132,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         slot_bytes: int | None = None,
         max_batch_size: int | None = None,
         worker_threads: int | None = 1,
+        decode_backend: Any = DEFAULT_BACKEND,
+        decode_dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
     ) -> None:
         num_workers = _workers(dataset, num_workers)
         fix = "or None for the default"
@@ -130,6 +150,23 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             else positive_int("max_batch_size", max_batch_size, fix)
         )
         self.worker_threads = worker_threads
+        self.decode_backend = decode_backend
+        self.decode_dtype = decode_dtype
+        self.channels_last = channels_last
+        # A copy made from this loader's attributes (Lightning's) is given
+        # the stage's own collate function: not a user's.
+        self._images = ImageDecode(
+            dataset,
+            decode_backend,
+            decode_dtype,
+            channels_last,
+            cuda=_image_decode.cuda_available(),
+            collate_fn=None if collate_fn in (None, collate_encoded) else collate_fn,
+        )
+        if self._images.on_gpu:
+            collate_fn = collate_encoded
+            if self.slot_bytes is None:
+                self.slot_bytes = encoded_slot_bytes(dataset, batch_size)
         self._engine: PlannedLoader | None = None
         self._epoch = 0  # the next epoch's number
         self._epoch_fixed = False  # set_epoch() named the next epoch
@@ -211,7 +248,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self.num_workers == 0:
-            return super().__iter__()
+            return self._decoded(super().__iter__())
         if self.pin_memory and not self._warned_pin:
             self._warned_pin = True
             warn_as_dataloader_pins(self.pin_memory_device)
@@ -242,7 +279,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 engine = self._start(None, epoch)
                 if engine is None:
                     return self._register(LoaderIterator(self, iter(())))
-            return self._register(LoaderIterator(self, iter(engine)))
+            return self._register(LoaderIterator(self, self._decoded(iter(engine))))
         rng = generator.get_state()  # as the sampler starts to draw
         skip = 0 if resume is None else int(resume["batches_done"])
         batches = iter(self._index_sampler)
@@ -269,9 +306,22 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         rng: torch.Tensor,
         loaded: dict[str, Any] | None,
     ) -> LoaderIterator:
+        it = self._decoded(it)
         return self._register(
             LoaderIterator(self, it, epoch, done, self._seed, rng, loaded)
         )
+
+    def _decoded(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The epoch's batches, decoded on the GPU if its images are
+        encoded; each batch's slot is kept by the engine's ring until its
+        decode has run."""
+        if not self._images.on_gpu:
+            return batches
+        return self._images.epoch(batches, ring_of=self._decode_ring)
+
+    def _decode_ring(self) -> Any:
+        planned = self._engine
+        return None if planned is None else planned._engine.pinning
 
     def _register(self, live: LoaderIterator) -> LoaderIterator:
         """Makes ``live`` the current loop (the one state_dict() reads, and
@@ -373,13 +423,23 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """Stops the workers now (they also stop when the loader is garbage,
         at exit, and after each epoch without persistent_workers)."""
         engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.close()
+        try:
+            if engine is not None:
+                engine.close()
+        finally:
+            self._images.close()
 
     def stats(self) -> dict[str, Any]:
         """The workers' throughput and the consumer's wait share (see
-        fastq.Prefetcher.stats); empty before the first iter()."""
-        return {} if self._engine is None else self._engine.stats()
+        fastq.Prefetcher.stats); empty before the first iter(). With images
+        decoded on the GPU, ``decode`` is the decode stage's (see
+        ``DecodeStage.stats`` in fastq/torch/_decode_stage.py): its backend,
+        the files decoded per image, and its GPU memory now and at peak."""
+        stats = {} if self._engine is None else self._engine.stats()
+        decode = self._images.stats()
+        if decode is not None:
+            stats["decode"] = decode
+        return stats
 
     def __getstate__(self) -> dict[str, Any]:
         # As DataLoader's pickle: the arguments and the samplers, idle or

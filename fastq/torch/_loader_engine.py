@@ -40,6 +40,7 @@ class LoaderArgs(Protocol):
     max_batch_size: int | None
     worker_threads: int | None
     _seed: int | None
+    _images: Any  # its ImageDecode (fastq/torch/_image_decode.py)
 
     @property
     def _auto_collation(self) -> bool: ...
@@ -125,7 +126,12 @@ def _pinning(loader: LoaderArgs) -> tuple[Any, Any]:
     ring is page-locked once (fastq/torch/_pinned.py), so that its tensors
     are pinned as they are; torch's pin_memory then returns them untouched
     and pins the rest as DataLoader would (tensors rebuilt from pickles, a
-    custom batch's own pin_memory())."""
+    custom batch's own pin_memory()). Images decoded on the GPU: a ring
+    whose returner keeps each slot until its decode has run, page-locked
+    if pin_memory=True, and nothing pinned by copy (the batch is bytes the
+    decoder reads)."""
+    if loader._images.on_gpu:
+        return None, functools.partial(_decode_ring, loader.pin_memory)
     device = _pin_device(loader)
     if device is None:
         return None, None
@@ -149,6 +155,18 @@ def _page_locked_ring() -> CudaRing:
     device; page-locked off the first batch's path."""
     return CudaRing(
         torch.device("cuda", torch.cuda.current_device()), False, register_later=True
+    )
+
+
+def _decode_ring(pin: bool) -> CudaRing:
+    """The ring of a loader whose images decode on the GPU (NOTE [ A
+    batch's bytes wait for its decode ] in fastq/torch/_decode_stage.py)."""
+    return CudaRing(
+        torch.device("cuda", torch.cuda.current_device()),
+        False,
+        pin=pin,
+        register_later=pin,
+        holds_slots=False,
     )
 
 

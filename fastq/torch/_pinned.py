@@ -95,6 +95,12 @@ class CudaRing:
     of before the first batch: batches handed out before it is done are
     not pinned (torch's pin_memory then copies them, as DataLoader does),
     and if it fails the loader goes on that way, with a warning.
+
+    ``holds_slots`` False: batches handed out keep their slot only while
+    referenced (``hold`` does nothing); the image decode stage reads its
+    batches' bytes on a stream of its own and keeps them until then with
+    ``release_after`` (NOTE [ A batch's bytes wait for its decode ] in
+    fastq/torch/_decode_stage.py).
     """
 
     def __init__(
@@ -105,6 +111,7 @@ class CudaRing:
         *,
         register_later: bool = False,
         cuda: Cuda | None = None,
+        holds_slots: bool = True,
     ) -> None:
         self.device = device
         self.pin = pin
@@ -112,6 +119,7 @@ class CudaRing:
         self.pending: deque[tuple[Event, Any]] = deque()
         self.closed = False
         self.register_later = register_later
+        self.holds_slots = holds_slots
         # Counters for stats(): the loop's thread's waits for the GPU (close
         # only: nothing per batch waits), and the most slots ever held for
         # device work at once.
@@ -254,8 +262,15 @@ class CudaRing:
         """When ``whole`` (the array every view of the slot is made from) is
         garbage, the slot is not freed at once: an event is recorded on the
         current stream, and the slot returns once the GPU has passed it."""
+        if not self.holds_slots:
+            return
         fin = weakref.finalize(whole, _defer_release, self, lease)
         fin.atexit = False
+
+    def release_after(self, event: Event, holder: Any) -> None:
+        """Keeps ``holder`` (what leads to a slot's lease) until the GPU has
+        passed ``event``, then drops it on the returner's thread."""
+        self._wait_on(event, holder)
 
     def _wait_on(self, event: Event, holder: Any) -> None:
         """Keeps ``holder`` (a slot's lease, or what leads to it) until the

@@ -1,0 +1,421 @@
+"""The image decode stage: a batch of encoded files (fastq.vision's
+encoded mode) decoded on the GPU on a stream of its own, cropped to each
+sample's box, resized, flipped, normalized and cast, fenced by an event
+the training loop's stream waits on; batch k+1 decodes while step k
+computes, and the loop's thread never waits for the GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ._cuda import Event
+from ._decode_cuda import DecodeCuda
+from ._decoders import KIND_HW_JPEG, Decoder, decode_with_pil
+from ._pinned import CudaRing
+
+# NOTE [ A batch's bytes wait for its decode ]
+#
+# The decoder reads a batch's files from their slot after the call that
+# queued it has returned (nvImageCodec decodes on the stage's stream; its
+# hardware engine copies the bytes when it runs), and its decoded images
+# are buffers the GPU still reads. The stage records an event on its stream
+# after the batch's last kernel and hands the slot's batch and those
+# buffers to the ring's returner thread (CudaRing.release_after), which
+# drops them once the GPU has passed the event: the slot goes back to the
+# workers then, never earlier, and the loop's thread never waits for it.
+# The loop's stream waits for the same event before it reads the images
+# (wait_event: a wait on the GPU, not on the thread). A slot the stage
+# holds for its decode is counted as waiting on device work, as a pinned
+# batch's slot is (NOTE [ Slots waiting on device work ] in _pinned.py).
+
+
+class _Plan:
+    """What the stage reads of a fastq.vision DecodePlan."""
+
+    def __init__(self, plan: Any) -> None:
+        size = plan.size
+        self.size = (
+            (int(size), int(size)) if np.ndim(size) == 0 else tuple(map(int, size))
+        )
+        self.mean = tuple(float(m) for m in plan.mean)
+        self.std = tuple(float(s) for s in plan.std)
+        self.antialias = bool(getattr(plan, "antialias", True))
+
+
+class _Decoded:
+    """One batch issued to the GPU: its output and the event that fences
+    it, or the error it raises at its turn."""
+
+    __slots__ = ("done", "error", "images", "labels", "nbytes")
+
+    def __init__(
+        self,
+        images: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        done: Event | None = None,
+        nbytes: int = 0,
+        error: BaseException | None = None,
+    ) -> None:
+        self.images = images
+        self.labels = labels
+        self.done = done
+        self.nbytes = nbytes
+        self.error = error
+
+
+class DecodeStage:
+    """Decodes batches of encoded images on the GPU for one loader.
+
+    ``decoder`` is the GPU backend (None: every file through Pillow, then
+    uploaded); ``path_of(index)`` names a sample's file in errors;
+    ``dtype`` and ``channels_last`` are what the step wants. ``attach``
+    gives it the ring whose returner keeps slots until their decode has
+    run; without one it makes its own.
+    """
+
+    def __init__(
+        self,
+        plan: Any,
+        decoder: Decoder | None,
+        cuda: DecodeCuda,
+        *,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+        path_of: Callable[[int], str] = str,
+    ) -> None:
+        self.plan = _Plan(plan)
+        self.decoder = decoder
+        self.cuda = cuda
+        self.dtype = dtype
+        self.memory_format = (
+            torch.channels_last if channels_last else torch.contiguous_format
+        )
+        self.path_of = path_of
+        self.stream: Any = None  # made at the first batch, after the workers fork
+        self.ring: CudaRing | None = None
+        self._own_ring: CudaRing | None = None
+        self._scale: torch.Tensor | None = None
+        self._shift: torch.Tensor | None = None
+        # (event, bytes) of each batch whose decode the GPU may not have run.
+        self._in_flight: list[tuple[Event, int]] = []
+        # Counters for stats().
+        self.batches = 0
+        self.images = 0
+        self.per_image = 0  # files decoded with Pillow (other kinds, rejected)
+        self.rejected = 0  # files the GPU backend was given and rejected
+        self.bytes_now = 0
+        self.peak_bytes = 0
+        self.peak_in_flight = 0
+
+    # -------------------------------------------------------------- setup
+
+    def attach(self, ring: CudaRing | None) -> None:
+        """The ring whose returner keeps each batch's slot until its decode
+        has run (the engine's); None: a returner of the stage's own (a
+        loader without workers, whose batches are not in a ring)."""
+        if ring is None:
+            if self._own_ring is None or self._own_ring.closed:
+                self._own_ring = CudaRing(
+                    self.cuda.tensor_device, False, pin=False, cuda=self.cuda
+                )
+            ring = self._own_ring
+        self.ring = ring
+
+    def _start(self) -> None:
+        cuda = self.cuda
+        self.stream = cuda.decode_stream()
+        mean = torch.tensor(self.plan.mean, dtype=torch.float32).view(1, 3, 1, 1)
+        std = torch.tensor(self.plan.std, dtype=torch.float32).view(1, 3, 1, 1)
+        # x / 255 - mean) / std, as ToTensor then Normalize, in one multiply-add.
+        with cuda.on_stream(self.stream):
+            self._scale = cuda.upload(1.0 / (255.0 * std))
+            self._shift = cuda.upload(mean / std)
+
+    # ------------------------------------------------------------ batches
+
+    def issue(self, batch: Any) -> _Decoded:
+        """Queues ``batch``'s decode on the stage's stream and returns at
+        once; a file that cannot be decoded makes the batch's error, raised
+        by ``hand_out``."""
+        if self.stream is None:
+            self._start()
+        if self.ring is None:
+            self.attach(None)
+        assert self.ring is not None
+        kept: list[Any] = [batch]  # the slot's bytes and the decoded buffers
+        files = _Files(batch)
+        del batch
+        with self.cuda.on_stream(self.stream):
+            try:
+                decoded = self._decode(files, kept)
+            except Exception as exc:  # a file no decoder can read
+                decoded = _Decoded(error=exc)
+            done = self.cuda.event()
+            done.record(self.stream)
+        decoded.done = done
+        if decoded.error is not None:
+            # Its traceback's frames must not keep the slot's bytes.
+            traceback.clear_frames(decoded.error.__traceback__)
+        # NOTE [ A batch's bytes wait for its decode ]
+        self.ring.release_after(done, kept)
+        del kept, files
+        self._account(done, decoded.nbytes)
+        self.batches += 1
+        return decoded
+
+    def _decode(self, files: _Files, kept: list[Any]) -> _Decoded:
+        n = len(files)
+        pixels: list[torch.Tensor | None] = [None] * n
+        cropped = [False] * n
+        decoder = self.decoder
+        if decoder is not None:
+            on_gpu = [
+                i
+                for i in range(n)
+                if decoder.takes_other_kinds or files.kind[i] == KIND_HW_JPEG
+            ]
+            if on_gpu:
+                out = decoder.decode(
+                    [files.data(i) for i in on_gpu], files.box[on_gpu], self.stream
+                )
+                kept.append(out)
+                for i, t in zip(on_gpu, out):
+                    if t is None:
+                        self.rejected += 1
+                    else:
+                        pixels[i], cropped[i] = t, decoder.crops
+        nbytes = 0
+        resized = []
+        size = self.plan.size
+        for i in range(n):
+            t = pixels[i]
+            top, left, height, width = (int(v) for v in files.box[i])
+            if t is None:
+                # Other kinds, and what the backend rejected: Pillow, then
+                # up (page-locked staging, no wait).
+                self.per_image += 1
+                try:
+                    host = decode_with_pil(files.data(i), files.box[i])
+                except Exception as exc:
+                    raise _named(exc, int(files.index[i]), self.path_of) from None
+                t = self.cuda.upload(host)
+                kept.append(t)
+            elif not cropped[i]:
+                t = t[:, top : top + height, left : left + width]
+            nbytes += t.numel()
+            x = t.unsqueeze(0).float()
+            x = F.interpolate(
+                x,
+                size=size,
+                mode="bilinear",
+                align_corners=False,
+                antialias=self.plan.antialias,
+            )
+            if files.flip[i]:
+                x = x.flip(-1)
+            resized.append(x)
+        batch = torch.cat(resized)
+        assert self._scale is not None and self._shift is not None
+        batch.mul_(self._scale).sub_(self._shift)
+        images = batch.to(dtype=self.dtype, memory_format=self.memory_format)
+        labels = self.cuda.upload(torch.from_numpy(files.label.astype(np.int64)))
+        nbytes += batch.numel() * 4 + images.numel() * images.element_size()
+        self.images += n
+        return _Decoded(images, labels, nbytes=nbytes)
+
+    def hand_out(self, decoded: _Decoded) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch, on the device: the current stream waits for its
+        decode (on the GPU: this thread does not wait). Raises the batch's
+        error at its turn."""
+        if decoded.error is not None:
+            error, decoded.error = decoded.error, None
+            raise error
+        assert decoded.images is not None and decoded.labels is not None
+        assert decoded.done is not None
+        self.cuda.hand_over([decoded.images, decoded.labels], decoded.done)
+        return decoded.images, decoded.labels
+
+    def _account(self, done: Event | None = None, nbytes: int = 0) -> None:
+        """The stage's device memory: what the batches whose decode the GPU
+        has not passed hold (asked with query(), which never waits)."""
+        live = [(e, b) for e, b in self._in_flight if not e.query()]
+        if done is not None:
+            live.append((done, nbytes))
+        self._in_flight = live
+        self.bytes_now = sum(b for _, b in live)
+        self.peak_bytes = max(self.peak_bytes, self.bytes_now)
+        self.peak_in_flight = max(self.peak_in_flight, len(live))
+
+    # --------------------------------------------------------- lifecycle
+
+    def epoch(
+        self,
+        batches: Iterator[Any],
+        ring_of: Callable[[], CudaRing | None] = lambda: None,
+        place: Callable[[], Any] | None = None,
+    ) -> DecodedEpoch:
+        """``batches`` handed out decoded; ``ring_of()`` is the ring their
+        slots belong to (its returner keeps them), asked as each batch is
+        taken; ``place()``, if given, is the loader's place in the epoch,
+        kept as each batch is handed out (DecodedEpoch.place)."""
+        return DecodedEpoch(self, batches, ring_of, place)
+
+    def stats(self) -> dict[str, Any]:
+        """``backend``; ``batches`` and ``images`` decoded; ``per_image``:
+        files decoded with Pillow (other kinds, and the ``rejected`` ones
+        the GPU backend was given); ``gpu_bytes`` and ``peak_gpu_bytes``:
+        the device memory of the batches in flight (decoded files, the
+        resized batch, the output); ``in_flight`` and its peak."""
+        self._account()
+        return {
+            "backend": "cpu" if self.decoder is None else self.decoder.name,
+            "batches": self.batches,
+            "images": self.images,
+            "per_image": self.per_image,
+            "rejected": self.rejected,
+            "gpu_bytes": self.bytes_now,
+            "peak_gpu_bytes": self.peak_bytes,
+            "in_flight": len(self._in_flight),
+            "peak_in_flight": self.peak_in_flight,
+        }
+
+    def close(self) -> None:
+        """Stops the stage's own returner (the engine closes its ring)."""
+        own, self._own_ring = self._own_ring, None
+        self._in_flight = []
+        if own is not None:
+            own.close()
+
+
+class DecodedEpoch:
+    """An epoch of host batches, handed out decoded: when the loop asks for
+    batch k, batch k+1's decode is queued first, so it runs on the GPU
+    while step k does. An error taking batch k+1 (a worker's, a timeout)
+    is raised at k+1's turn, as without the stage. ``place`` is the
+    loader's place as batch k was handed out (``place()`` then), before
+    batch k+1 was taken: what a state saved now must resume from."""
+
+    __slots__ = (
+        "__weakref__",
+        "_ahead",
+        "_batches",
+        "_ended",
+        "_place",
+        "_ring_of",
+        "_stage",
+        "place",
+    )
+
+    def __init__(
+        self,
+        stage: DecodeStage,
+        batches: Iterator[Any],
+        ring_of: Callable[[], CudaRing | None],
+        place: Callable[[], Any] | None,
+    ) -> None:
+        self._stage = stage
+        self._batches = batches
+        self._ring_of = ring_of
+        self._place = place
+        self._ahead: _Decoded | None = None
+        self._ended = False
+        self.place: Any = None
+
+    def __iter__(self) -> DecodedEpoch:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        current = self._ahead if self._ahead is not None else self._take()
+        self._ahead = None
+        if current is None:
+            raise StopIteration
+        if self._place is not None:
+            self.place = self._place()
+        self._ahead = self._take()
+        return self._stage.hand_out(current)
+
+    @property
+    def ahead(self) -> bool:
+        """A batch was taken from the loader and not handed out yet."""
+        return self._ahead is not None
+
+    def _take(self) -> _Decoded | None:
+        if self._ended:
+            return None
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self._ended = True
+            return None
+        except Exception as exc:
+            return _Decoded(error=exc)
+        self._stage.attach(self._ring_of())
+        return self._stage.issue(batch)
+
+
+class _Files:
+    """A host batch of fastq.vision's encoded samples, as numpy: the files'
+    bytes (a jagged field, or a DataLoader's values and offsets) and the
+    fixed fields."""
+
+    def __init__(self, batch: Any) -> None:
+        data = batch["data"]
+        if hasattr(data, "values") and hasattr(data, "offsets"):  # fastq.Jagged
+            self._values = np.asarray(data.values)
+            self._offsets = np.asarray(data.offsets)
+        else:
+            self._values = np.asarray(data)
+            self._offsets = np.asarray(batch["data_offsets"])
+        self.label = np.asarray(batch["label"]).reshape(-1)
+        self.index = np.asarray(batch["index"]).reshape(-1)
+        self.box = np.asarray(batch["box"]).reshape(-1, 4)
+        self.flip = np.asarray(batch["flip"]).reshape(-1)
+        self.kind = np.asarray(batch["kind"]).reshape(-1)
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+    def data(self, i: int) -> np.ndarray[Any, Any]:
+        return self._values[int(self._offsets[i]) : int(self._offsets[i + 1])]
+
+
+def _named(exc: Exception, index: int, path_of: Callable[[int], str]) -> Exception:
+    """``exc`` naming the sample it was raised for (its dataset index and
+    file), as the worker's error a DataLoader raises would."""
+    try:
+        path = path_of(index)
+    except Exception:
+        path = "?"
+    note = f"raised decoding sample {index} ({path}) in fastq's image decode stage"
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # before Python 3.11: in the message, as DataLoader's note is
+        with contextlib.suppress(Exception):
+            exc = type(exc)(f"{exc}\n{note}")
+    for name, value in (("fastq_sample", index), ("fastq_path", path)):
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(exc, name, value)
+    return exc
+
+
+def collate_encoded(samples: list[dict[str, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+    """A DataLoader's batch of encoded samples: the files' bytes back to
+    back with their offsets (two arrays, whatever the batch size), the
+    fixed fields stacked."""
+    data = [np.asarray(s["data"], dtype=np.uint8).reshape(-1) for s in samples]
+    offsets = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum([len(d) for d in data], out=offsets[1:])
+    batch = {
+        "data": np.concatenate(data) if data else np.zeros(0, np.uint8),
+        "data_offsets": offsets,
+    }
+    for key in ("label", "index", "size", "box", "flip", "kind"):
+        batch[key] = np.stack([np.asarray(s[key]) for s in samples])
+    return batch

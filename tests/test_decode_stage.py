@@ -1,0 +1,243 @@
+"""The image decode stage on a fake GPU whose events complete only when the
+test says (tests/torch_helpers/encoded_images.py): batch k+1's decode is
+queued before the loop gets batch k, the loop's thread never
+synchronizes, a slot goes back only after the decode that reads it, the
+stage's memory stays bounded, files the GPU backend leaves are decoded
+per image, a corrupt file fails its own batch at its turn, and the pixels
+equal Pillow's within a stated tolerance."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("PIL")
+
+from torch_helpers.encoded_images import (  # noqa: E402
+    SIZE,
+    EncodedImages,
+    FakeDecodeCuda,
+    PilDecoder,
+    Plan,
+    decode_on_cpu,
+    make_files,
+    psnr,
+)
+from torch_helpers.pinning import FakeGpu, wait_until  # noqa: E402
+
+from fastq._core._ring import FREE  # noqa: E402
+from fastq._loop._engine import DEVICE_SLOTS  # noqa: E402
+from fastq.torch import DataLoader, _image_decode, _loader_engine  # noqa: E402
+from fastq.torch._decode_stage import DecodeStage, collate_encoded  # noqa: E402
+from fastq.torch._pinned import CudaRing  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
+
+# The stage resizes with torch (bilinear, antialiased) and in float; the
+# reference with Pillow, rounding to 8 bits: they differ by a little.
+MIN_PSNR_DB = 35.0
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, int, int]]:
+    return make_files(tmp_path_factory.mktemp("images"))
+
+
+class OnFakeGpu:
+    """What a test on the fake GPU holds: the GPU, the stage's CUDA seam,
+    the decoder, and the rings the loaders made."""
+
+    def __init__(self, crops: bool = False) -> None:
+        self.gpu = FakeGpu()
+        self.cuda = FakeDecodeCuda(self.gpu)
+        self.decoder = PilDecoder(self.cuda, crops=crops)
+        self.rings: list[CudaRing] = []
+
+    def ring(self, pin: bool) -> CudaRing:
+        ring = CudaRing(
+            torch.device("cpu"), False, pin=False, cuda=self.cuda, holds_slots=False
+        )
+        self.rings.append(ring)
+        return ring
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> OnFakeGpu:
+    on = OnFakeGpu()
+    monkeypatch.setattr(_image_decode, "cuda_available", lambda: True)
+    monkeypatch.setattr(_image_decode, "current_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(_image_decode, "make_cuda", lambda device: on.cuda)
+    monkeypatch.setattr(_loader_engine, "_decode_ring", on.ring)
+    return on
+
+
+def _loader(dataset: Any, on: OnFakeGpu, **kwargs: Any) -> DataLoader[Any]:
+    kwargs.setdefault("num_workers", 1)
+    return DataLoader(dataset, decode_backend=on.decoder, **kwargs)
+
+
+def _reference(dataset: EncodedImages, indices: Any) -> torch.Tensor:
+    out = []
+    for i in indices:
+        s = dataset.encoded(i)
+        out.append(
+            torch.from_numpy(decode_on_cpu(s["data"], s["box"], s["flip"], Plan()))
+        )
+    return torch.stack(out)
+
+
+def _baseline(files: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    return [f for f in files if f[2] == 0]
+
+
+# ------------------------------------------------------------------ pixels
+
+
+@pytest.mark.parametrize("crops", [False, True])
+def test_the_stage_output_equals_pillows_within_the_tolerance(
+    files: list[tuple[str, int, int]], crops: bool
+) -> None:
+    """Every kind of file (baseline JPEGs on the stand-in GPU backend, the
+    others per image): the stage's normalized batch is Pillow's decode +
+    the same box + resize + flip + Normalize within MIN_PSNR_DB, with the
+    backend decoding whole images (then cropped) or the box alone."""
+    on = OnFakeGpu(crops=crops)
+    dataset = EncodedImages(files)
+    stage = DecodeStage(Plan(), on.decoder, on.cuda)
+    batch = collate_encoded([dataset.encoded(i) for i in range(len(dataset))])
+    images, labels = stage.hand_out(stage.issue(batch))
+    assert images.shape == (len(dataset), 3, *SIZE) and images.dtype == torch.float32
+    assert labels.tolist() == [label for _, label in dataset.samples]
+    want = _reference(dataset, range(len(dataset)))
+    for i in range(len(dataset)):
+        assert psnr(images[i], want[i]) >= MIN_PSNR_DB, (i, dataset.samples[i][0])
+    assert stage.stats()["per_image"] == 4  # progressive, gray, CMYK, PNG
+    on.gpu.run_all()
+    stage.close()
+
+
+def test_the_dtype_and_memory_format_are_the_steps(
+    files: list[tuple[str, int, int]],
+) -> None:
+    """decode_dtype and channels_last: the batch as the step wants it."""
+    on = OnFakeGpu()
+    stage = DecodeStage(Plan(), None, on.cuda, dtype=torch.bfloat16, channels_last=True)
+    ds = EncodedImages(files)
+    batch = collate_encoded([ds.encoded(0), ds.encoded(1)])
+    images, _ = stage.hand_out(stage.issue(batch))
+    assert images.dtype == torch.bfloat16
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    want = _reference(ds, [0, 1])
+    # bf16 keeps 8 bits of mantissa: about 1/256 of a normalized value.
+    assert all(psnr(images[i].float(), want[i]) >= 30.0 for i in range(2))
+    on.gpu.run_all()
+    stage.close()
+
+
+# ------------------------------------------------- the loop and the GPU
+
+
+def test_batch_k_plus_1_is_decoding_before_the_loop_gets_batch_k(
+    fake_gpu: OnFakeGpu, files: list[tuple[str, int, int]]
+) -> None:
+    """When the loop gets batch k, batch k+1's decode is already queued on
+    the stage's stream (so it runs while step k does), batch k's images
+    are fenced by its event on the loop's stream, and the GPU has run
+    nothing yet: the loop never waited for it."""
+    gpu, decoder, cuda = fake_gpu.gpu, fake_gpu.decoder, fake_gpu.cuda
+    dataset = EncodedImages(_baseline(files), repeat=3)  # 24 files
+    loader = _loader(dataset, fake_gpu, batch_size=4, timeout=30)
+    batches = len(loader)
+    seen = 0
+    for k, (images, labels) in enumerate(loader):
+        assert len(decoder.calls) == min(k + 2, batches)
+        assert all(stream is cuda.streams[0] for _, stream in decoder.calls)
+        done = cuda.handed[k][1]
+        assert cuda.consumer.waited[-1] is done  # the loop's stream waits
+        assert not done.done and gpu.passed == 0  # and its thread did not
+        assert threading.current_thread().name not in gpu.synchronized_on
+        assert images.shape == (4, 3, *SIZE)
+        want = [dataset.samples[i][1] for i in range(4 * k, 4 * k + 4)]
+        assert labels.tolist() == want
+        seen += 1
+    assert seen == batches == 6
+    stats = loader.stats()  # the engine is closed after a transient epoch
+    assert stats["decode"]["batches"] == 6
+    gpu.run_all()
+    loader.close()
+
+
+def test_no_synchronize_on_the_loops_thread_and_slots_wait_for_their_decode(
+    fake_gpu: OnFakeGpu, files: list[tuple[str, int, int]]
+) -> None:
+    """The GPU stops: every slot whose bytes a queued decode reads stays
+    held, and the workers make no batch into one (the loop's thread never
+    waits on the GPU for them: it would wait for a batch, as for slow
+    workers); once the GPU runs, the slots come back and the epoch goes on
+    to its end."""
+    gpu = fake_gpu.gpu
+    dataset = EncodedImages(_baseline(files), repeat=10)  # 80 files
+    loader = _loader(dataset, fake_gpu, batch_size=2, slots=2, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    engine = loader._engine._engine
+    [ring] = fake_gpu.rings
+    nslots = engine.ring.nslots  # the window (2), one for the loop, DEVICE_SLOTS
+    for _ in range(nslots - 2):
+        next(it)
+    # Each batch handed out, and the one decoding ahead, waits on the GPU.
+    assert ring.waiting == nslots
+    wait_until(lambda: engine.ring.depth(FREE) == 0)
+    made = sum(w["batches"] for w in loader.stats()["workers"])
+    assert made == nslots
+    assert threading.current_thread().name not in gpu.synchronized_on
+    got = nslots - 1
+    while True:
+        # The GPU runs all but the decode queued last (the batch ahead).
+        gpu.run_to(len(gpu.recorded) - 1)
+        if next(it, None) is None:
+            break
+        got += 1
+    assert got == 40
+    assert threading.current_thread().name not in gpu.synchronized_on
+    assert loader.stats()["pinned"]["loop_synchronizes"] == 0
+    gpu.run_all()
+    del it
+    loader.close()
+
+
+def test_the_stages_memory_stays_bounded_over_a_thousand_batches(
+    fake_gpu: OnFakeGpu, files: list[tuple[str, int, int]]
+) -> None:
+    """A thousand batches, the GPU a step behind the loop: the stage's
+    batches in flight, its device bytes, the decoder's live outputs and
+    the slots waiting for a decode stay bounded by a few batches."""
+    gpu, decoder = fake_gpu.gpu, fake_gpu.decoder
+    dataset = EncodedImages(_baseline(files), repeat=250)  # 2,000 files
+    loader = _loader(dataset, fake_gpu, batch_size=2, slots=4)
+    one_batch = 0
+    live_peak = 0
+    for k, (images, labels) in enumerate(loader):
+        del images, labels
+        gpu.run_to(k)  # the GPU has run batch k - 1's decode; k and k+1 queued
+        stats = loader.stats()["decode"]
+        if k == 0:
+            one_batch = stats["peak_gpu_bytes"]
+        live_peak = max(live_peak, sum(r() is not None for r in decoder.made))
+    assert k == 999
+    stats = loader.stats()
+    assert stats["decode"]["peak_in_flight"] <= 3
+    assert stats["decode"]["peak_gpu_bytes"] <= 3 * one_batch * 1.5
+    [ring] = fake_gpu.rings
+    # The decoded files go with their slot (the returner drops both, a
+    # moment after the GPU passes their event): never more than the ring's
+    # slots' worth, and none once every decode has run.
+    nslots = 4 + 1 + DEVICE_SLOTS
+    assert ring.peak_waiting <= nslots
+    assert live_peak <= 2 * nslots
+    gpu.run_all()
+    loader.close()
+    assert sum(r() is not None for r in decoder.made) == 0

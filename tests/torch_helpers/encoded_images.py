@@ -1,0 +1,282 @@
+"""What the image decode stage's tests share: a folder of small image files
+of every kind the stage meets (baseline, progressive, grayscale and CMYK
+JPEGs, a PNG, a truncated JPEG), a dataset of them in fastq.vision's two
+modes (its encoded samples, or decoded ones as the workers make them), the
+CPU reference a decoded image is checked against, and a GPU whose events
+complete only when the test says, with a decoder that decodes with
+Pillow on it."""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import fastq
+from fastq.torch._decoders import KIND_HW_JPEG, KIND_OTHER, decode_with_pil
+from torch_helpers.pinning import FakeCuda, FakeEvent, FakeGpu
+
+SIZE = (24, 32)  # the plan's output (h, w)
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+class Plan:
+    """fastq.vision's DecodePlan, as the stage reads it."""
+
+    size = SIZE
+    scale = (0.08, 1.0)
+    ratio = (3 / 4, 4 / 3)
+    flip_p = 0.5
+    mean = MEAN
+    std = STD
+    antialias = True
+
+
+def _picture(h: int, w: int, seed: int) -> np.ndarray[Any, Any]:
+    """A smooth picture (JPEG keeps it well): gradients and a blob."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    rng = np.random.default_rng(seed)
+    cy, cx = rng.uniform(0, h), rng.uniform(0, w)
+    blob = 120 * np.exp(-((y - cy) ** 2 + (x - cx) ** 2) / (0.1 * h * w))
+    r = 40 + 150 * x / w + blob
+    g = 60 + 120 * y / h + 0.5 * blob
+    b = 200 - 100 * (x + y) / (h + w)
+    return np.clip(np.stack([r, g, b], -1), 0, 255).astype(np.uint8)
+
+
+def make_files(root: Path, count: int = 12) -> list[tuple[str, int, int]]:
+    """(path, label, kind) of ``count`` files of varied sizes: mostly
+    baseline JPEGs, then one each of progressive, grayscale, CMYK and PNG."""
+    from PIL import Image
+
+    root.mkdir(parents=True, exist_ok=True)
+    out = []
+    others = ["progressive", "gray", "cmyk", "png"]
+    for i in range(count):
+        h, w = 48 + 8 * (i % 5), 64 + 12 * (i % 3)
+        img = Image.fromarray(_picture(h, w, i))
+        kind_name = others[i - (count - 4)] if i >= count - 4 else "baseline"
+        path = root / f"{i:03d}_{kind_name}.{'png' if kind_name == 'png' else 'jpg'}"
+        if kind_name == "baseline":
+            img.save(path, quality=95)
+        elif kind_name == "progressive":
+            img.save(path, quality=95, progressive=True)
+        elif kind_name == "gray":
+            img.convert("L").save(path, quality=95)
+        elif kind_name == "cmyk":
+            img.convert("CMYK").save(path, quality=95)
+        else:
+            img.save(path)
+        kind = KIND_HW_JPEG if kind_name == "baseline" else KIND_OTHER
+        out.append((str(path), i % 3, kind))
+    return out
+
+
+def truncate(path: str) -> None:
+    """Cuts a file to a third of its bytes: Pillow cannot decode it."""
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) // 3])
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        return img.height, img.width
+
+
+def box_of(index: int, h: int, w: int) -> tuple[int, int, int, int]:
+    """A fixed box per sample (a function of the index): (top, left,
+    height, width) inside an h x w image."""
+    bh, bw = h // 2 + index % 7, w // 2 + (3 * index) % 11
+    top, left = (index * 5) % (h - bh + 1), (index * 3) % (w - bw + 1)
+    return top, left, bh, bw
+
+
+class EncodedImages:
+    """fastq.vision.ImageFiles in small: the contract's two modes, with
+    fixed boxes and flips instead of RandomResizedCrop's draws."""
+
+    decode_plan = Plan()
+
+    def __init__(self, files: list[tuple[str, int, int]], repeat: int = 1) -> None:
+        self.samples = [(p, label) for p, label, _ in files] * repeat
+        self.kinds = [k for _, _, k in files] * repeat
+        self.gpu = False
+
+    def decode_on_gpu(self, on: bool) -> None:
+        self.gpu = bool(on)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def encoded_spec(self, batch_size: int) -> dict[str, Any]:
+        largest = max(Path(p).stat().st_size for p, _ in set(self.samples))
+        return {
+            "data": fastq.Jagged("uint8", max_len=largest),
+            "label": ((), "int64"),
+            "index": ((), "int64"),
+            "size": ((2,), "int32"),
+            "box": ((4,), "int32"),
+            "flip": ((), "uint8"),
+            "kind": ((), "uint8"),
+        }
+
+    def encoded(self, i: int) -> dict[str, Any]:
+        path, label = self.samples[i]
+        data = Path(path).read_bytes()
+        try:
+            h, w = image_size(data)
+        except Exception:  # a file cut short: its header still says
+            h, w = 48, 64
+        return {
+            "data": np.frombuffer(data, dtype=np.uint8),
+            "label": np.int64(label),
+            "index": np.int64(i),
+            "size": np.array([h, w], np.int32),
+            "box": np.array(box_of(i, h, w), np.int32),
+            "flip": np.uint8(i % 2),
+            "kind": np.uint8(self.kinds[i]),
+        }
+
+    def __getitem__(self, i: int) -> Any:
+        sample = self.encoded(i)
+        if self.gpu:
+            return sample
+        image = decode_on_cpu(sample["data"], sample["box"], sample["flip"], Plan())
+        return image, int(sample["label"])
+
+
+def decode_on_cpu(data: Any, box: Any, flip: Any, plan: Any) -> np.ndarray[Any, Any]:
+    """The reference: Pillow decode, the box, a bilinear antialiased resize
+    (Pillow's, as torchvision's RandomResizedCrop on a PIL image), the
+    flip, ToTensor's scaling, Normalize: float32 (3, h, w)."""
+    from PIL import Image
+
+    crop = decode_with_pil(np.asarray(data), box).permute(1, 2, 0).numpy()
+    h, w = plan.size
+    img = Image.fromarray(crop).resize((w, h), Image.Resampling.BILINEAR)
+    if flip:
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    x = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / 255.0
+    mean = np.array(plan.mean, np.float32)[:, None, None]
+    std = np.array(plan.std, np.float32)[:, None, None]
+    return (x - mean) / std
+
+
+def psnr(a: Any, b: Any, plan: Any = Plan) -> float:
+    """In the 0-1 pixel range (normalization undone)."""
+    std = torch.tensor(plan.std)[:, None, None]
+    x = torch.as_tensor(a).float() * std
+    y = torch.as_tensor(b).float() * std
+    mse = F.mse_loss(x, y).item()
+    return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
+
+
+# ------------------------------------------------------------- fake GPU
+
+
+class FakeStream:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.waited: list[FakeEvent] = []
+
+    def wait_event(self, event: FakeEvent) -> None:
+        self.waited.append(event)
+
+
+class FakeDecodeCuda(FakeCuda):
+    """fastq.torch._decode_cuda.DecodeCuda on a FakeGpu: tensors on the
+    CPU, kernels run at once (their results are what a GPU would give),
+    events complete only when the test runs the GPU past them; every
+    synchronize() is recorded with its thread."""
+
+    def __init__(self, gpu: FakeGpu) -> None:
+        super().__init__(gpu)
+        self.consumer = FakeStream("consumer")
+        self.streams: list[FakeStream] = []
+        self.current: list[Any] = []  # the streams made current, innermost last
+        self.uploads = 0
+        self.handed: list[tuple[list[torch.Tensor], FakeEvent]] = []
+
+    @property
+    def tensor_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def decode_stream(self) -> FakeStream:
+        stream = FakeStream(f"decode{len(self.streams)}")
+        self.streams.append(stream)
+        return stream
+
+    def on_stream(self, stream: Any) -> Any:
+        cuda = self
+
+        class _On:
+            def __enter__(self) -> None:
+                cuda.current.append(stream)
+
+            def __exit__(self, *exc: Any) -> None:
+                cuda.current.pop()
+
+        return _On()
+
+    def current_stream(self) -> Any:
+        return self.current[-1] if self.current else self.consumer
+
+    def upload(self, host: torch.Tensor) -> torch.Tensor:
+        self.uploads += 1
+        return host.clone()
+
+    def hand_over(self, tensors: Any, done: FakeEvent) -> None:
+        self.current_stream().wait_event(done)
+        self.handed.append((list(tensors), done))
+
+    def synchronize(self) -> None:
+        self.gpu.synchronized_on.append(threading.current_thread().name)
+        super().synchronize()
+
+
+class PilDecoder:
+    """A GPU backend stand-in: decodes with Pillow (whole images, or only
+    the box with ``crops``), rejects the files whose dataset index is in
+    ``reject``, and records each call: the indices it was given and the
+    stream that was current."""
+
+    name = "pil-fake"
+    takes_other_kinds = False
+
+    def __init__(self, cuda: FakeDecodeCuda, crops: bool = False) -> None:
+        self.cuda = cuda
+        self.crops = crops
+        self.reject: set[int] = set()  # by file size: what the test names
+        self.calls: list[tuple[int, Any]] = []  # (files, current stream)
+        self.made: list[Any] = []  # weak references to what it returned
+
+    def decode(self, data: Any, boxes: Any, stream: Any) -> list[Any]:
+        import weakref
+
+        assert self.cuda.current_stream() is stream, "decoded off the stage's stream"
+        self.calls.append((len(data), stream))
+        out: list[Any] = []
+        for d, box in zip(data, boxes):
+            if len(d) in self.reject:
+                out.append(None)
+                continue
+            try:
+                if self.crops:
+                    t = decode_with_pil(d, box)
+                else:
+                    h, w = image_size(bytes(d))
+                    t = decode_with_pil(d, (0, 0, h, w))
+            except Exception:
+                out.append(None)  # a GPU backend returns None for a bad file
+                continue
+            self.made.append(weakref.ref(t))
+            out.append(t)
+        return out
