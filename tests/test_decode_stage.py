@@ -17,28 +17,24 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 
 from torch_helpers.encoded_images import (  # noqa: E402
+    MIN_PSNR_DB,
     SIZE,
     EncodedImages,
-    FakeDecodeCuda,
-    PilDecoder,
+    OnFakeGpu,
     Plan,
-    decode_on_cpu,
     make_files,
+    on_fake_gpu,
     psnr,
+    reference,
 )
-from torch_helpers.pinning import FakeGpu, wait_until  # noqa: E402
+from torch_helpers.pinning import wait_until  # noqa: E402
 
 from fastq._core._ring import FREE  # noqa: E402
 from fastq._loop._engine import DEVICE_SLOTS  # noqa: E402
-from fastq.torch import DataLoader, _image_decode, _loader_engine  # noqa: E402
+from fastq.torch import DataLoader  # noqa: E402
 from fastq.torch._decode_stage import DecodeStage, collate_encoded  # noqa: E402
-from fastq.torch._pinned import CudaRing  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
-
-# The stage resizes with torch (bilinear, antialiased) and in float; the
-# reference with Pillow, rounding to 8 bits: they differ by a little.
-MIN_PSNR_DB = 35.0
 
 
 @pytest.fixture(scope="module")
@@ -46,47 +42,14 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, int, int]
     return make_files(tmp_path_factory.mktemp("images"))
 
 
-class OnFakeGpu:
-    """What a test on the fake GPU holds: the GPU, the stage's CUDA seam,
-    the decoder, and the rings the loaders made."""
-
-    def __init__(self, crops: bool = False) -> None:
-        self.gpu = FakeGpu()
-        self.cuda = FakeDecodeCuda(self.gpu)
-        self.decoder = PilDecoder(self.cuda, crops=crops)
-        self.rings: list[CudaRing] = []
-
-    def ring(self, pin: bool) -> CudaRing:
-        ring = CudaRing(
-            torch.device("cpu"), False, pin=False, cuda=self.cuda, holds_slots=False
-        )
-        self.rings.append(ring)
-        return ring
-
-
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> OnFakeGpu:
-    on = OnFakeGpu()
-    monkeypatch.setattr(_image_decode, "cuda_available", lambda: True)
-    monkeypatch.setattr(_image_decode, "current_device", lambda: torch.device("cpu"))
-    monkeypatch.setattr(_image_decode, "make_cuda", lambda device: on.cuda)
-    monkeypatch.setattr(_loader_engine, "_decode_ring", on.ring)
-    return on
+    return on_fake_gpu(monkeypatch)
 
 
 def _loader(dataset: Any, on: OnFakeGpu, **kwargs: Any) -> DataLoader[Any]:
     kwargs.setdefault("num_workers", 1)
     return DataLoader(dataset, decode_backend=on.decoder, **kwargs)
-
-
-def _reference(dataset: EncodedImages, indices: Any) -> torch.Tensor:
-    out = []
-    for i in indices:
-        s = dataset.encoded(i)
-        out.append(
-            torch.from_numpy(decode_on_cpu(s["data"], s["box"], s["flip"], Plan()))
-        )
-    return torch.stack(out)
 
 
 def _baseline(files: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
@@ -111,7 +74,7 @@ def test_the_stage_output_equals_pillows_within_the_tolerance(
     images, labels = stage.hand_out(stage.issue(batch))
     assert images.shape == (len(dataset), 3, *SIZE) and images.dtype == torch.float32
     assert labels.tolist() == [label for _, label in dataset.samples]
-    want = _reference(dataset, range(len(dataset)))
+    want = reference(dataset, range(len(dataset)))
     for i in range(len(dataset)):
         assert psnr(images[i], want[i]) >= MIN_PSNR_DB, (i, dataset.samples[i][0])
     assert stage.stats()["per_image"] == 4  # progressive, gray, CMYK, PNG
@@ -130,7 +93,7 @@ def test_the_dtype_and_memory_format_are_the_steps(
     images, _ = stage.hand_out(stage.issue(batch))
     assert images.dtype == torch.bfloat16
     assert images.is_contiguous(memory_format=torch.channels_last)
-    want = _reference(ds, [0, 1])
+    want = reference(ds, [0, 1])
     # bf16 keeps 8 bits of mantissa: about 1/256 of a normalized value.
     assert all(psnr(images[i].float(), want[i]) >= 30.0 for i in range(2))
     on.gpu.run_all()

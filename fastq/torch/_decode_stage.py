@@ -399,7 +399,13 @@ def _named(exc: Exception, index: int, path_of: Callable[[int], str]) -> Excepti
     else:  # before Python 3.11: in the message, as DataLoader's note is
         with contextlib.suppress(Exception):
             exc = type(exc)(f"{exc}\n{note}")
-    for name, value in (("fastq_sample", index), ("fastq_path", path)):
+    for name, value in (
+        ("fastq_sample", index),
+        ("fastq_path", path),
+        # The batch is spent, as one a worker's error ends: a loader's
+        # count of batches delivered includes it (_loader_iterator.py).
+        ("fastq_batch_spent", True),
+    ):
         with contextlib.suppress(AttributeError, TypeError):
             setattr(exc, name, value)
     return exc

@@ -114,6 +114,13 @@ class LoaderIterator:
             raise with_own_type(exc) from None
         except FetchTimeout as exc:
             raise as_dataloader_timeout(exc) from None
+        except Exception as exc:
+            if getattr(
+                exc, "fastq_batch_spent", False
+            ):  # a file that cannot be decoded
+                self.done += 1
+                self._mark_begun()
+            raise
         self._handed += 1
         self.done += 1
         loader = self._loader

@@ -280,3 +280,54 @@ class PilDecoder:
             self.made.append(weakref.ref(t))
             out.append(t)
         return out
+
+
+# ----------------------------------------------------- loaders on the fake
+
+
+# The stage resizes with torch (bilinear, antialiased) and in float; the
+# reference with Pillow, rounding to 8 bits: they differ by a little.
+MIN_PSNR_DB = 35.0
+
+
+class OnFakeGpu:
+    """What a test on the fake GPU holds: the GPU, the stage's CUDA seam,
+    the decoder, and the rings the loaders made."""
+
+    def __init__(self, crops: bool = False) -> None:
+        self.gpu = FakeGpu()
+        self.cuda = FakeDecodeCuda(self.gpu)
+        self.decoder = PilDecoder(self.cuda, crops=crops)
+        self.rings: list[Any] = []
+
+    def ring(self, pin: bool = False) -> Any:
+        from fastq.torch._pinned import CudaRing
+
+        ring = CudaRing(
+            torch.device("cpu"), False, pin=False, cuda=self.cuda, holds_slots=False
+        )
+        self.rings.append(ring)
+        return ring
+
+
+def on_fake_gpu(monkeypatch: Any) -> OnFakeGpu:
+    """Both faces as on a CUDA machine with a GPU decoder, on a fake GPU."""
+    from fastq.torch import _image_decode, _loader_engine
+
+    on = OnFakeGpu()
+    monkeypatch.setattr(_image_decode, "cuda_available", lambda: True)
+    monkeypatch.setattr(_image_decode, "current_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(_image_decode, "make_cuda", lambda device: on.cuda)
+    monkeypatch.setattr(_loader_engine, "_decode_ring", on.ring)
+    return on
+
+
+def reference(dataset: EncodedImages, indices: Any) -> torch.Tensor:
+    """decode_on_cpu's images for ``indices`` of ``dataset``."""
+    out = []
+    for i in indices:
+        s = dataset.encoded(i)
+        out.append(
+            torch.from_numpy(decode_on_cpu(s["data"], s["box"], s["flip"], Plan()))
+        )
+    return torch.stack(out)
