@@ -19,9 +19,9 @@ pytest.importorskip("PIL")
 from torch_helpers.encoded_images import (  # noqa: E402
     MIN_PSNR_DB,
     SIZE,
-    EncodedImages,
     OnFakeGpu,
-    Plan,
+    encoded_sample,
+    image_files,
     make_files,
     on_fake_gpu,
     psnr,
@@ -59,20 +59,25 @@ def _baseline(files: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
 # ------------------------------------------------------------------ pixels
 
 
-@pytest.mark.parametrize("crops", [False, True])
+@pytest.mark.parametrize(
+    ("crops", "validation"), [(False, False), (True, False), (True, True)]
+)
 def test_the_stage_output_equals_pillows_within_the_tolerance(
-    files: list[tuple[str, int, int]], crops: bool
+    files: list[tuple[str, int, int]], crops: bool, validation: bool
 ) -> None:
     """Every kind of file (baseline JPEGs on the stand-in GPU backend, the
-    others per image): the stage's normalized batch is Pillow's decode +
-    the same box + resize + flip + Normalize within MIN_PSNR_DB, with the
-    backend decoding whole images (then cropped) or the box alone."""
+    others per image): the stage's normalized batch is fastq.vision's CPU
+    decode (Pillow's decode, the same box, resize, flip, Normalize) within
+    MIN_PSNR_DB, with the backend decoding whole images (then cropped) or
+    the box alone; a validation pipeline's (Resize, CenterCrop) too, its
+    centre crop taken as the box it comes from."""
     on = OnFakeGpu(crops=crops)
-    dataset = EncodedImages(files)
-    stage = DecodeStage(Plan(), on.decoder, on.cuda)
-    batch = collate_encoded([dataset.encoded(i) for i in range(len(dataset))])
+    dataset = image_files(files, validation=validation)
+    stage = DecodeStage(dataset.decode_plan, on.decoder, on.cuda)
+    batch = collate_encoded([encoded_sample(dataset, i) for i in range(len(dataset))])
     images, labels = stage.hand_out(stage.issue(batch))
-    assert images.shape == (len(dataset), 3, *SIZE) and images.dtype == torch.float32
+    size = (32, 32) if validation else SIZE
+    assert images.shape == (len(dataset), 3, *size) and images.dtype == torch.float32
     assert labels.tolist() == [label for _, label in dataset.samples]
     want = reference(dataset, range(len(dataset)))
     for i in range(len(dataset)):
@@ -87,9 +92,11 @@ def test_the_dtype_and_memory_format_are_the_steps(
 ) -> None:
     """decode_dtype and channels_last: the batch as the step wants it."""
     on = OnFakeGpu()
-    stage = DecodeStage(Plan(), None, on.cuda, dtype=torch.bfloat16, channels_last=True)
-    ds = EncodedImages(files)
-    batch = collate_encoded([ds.encoded(0), ds.encoded(1)])
+    ds = image_files(files)
+    stage = DecodeStage(
+        ds.decode_plan, None, on.cuda, dtype=torch.bfloat16, channels_last=True
+    )
+    batch = collate_encoded([encoded_sample(ds, 0), encoded_sample(ds, 1)])
     images, _ = stage.hand_out(stage.issue(batch))
     assert images.dtype == torch.bfloat16
     assert images.is_contiguous(memory_format=torch.channels_last)
@@ -111,7 +118,7 @@ def test_batch_k_plus_1_is_decoding_before_the_loop_gets_batch_k(
     are fenced by its event on the loop's stream, and the GPU has run
     nothing yet: the loop never waited for it."""
     gpu, decoder, cuda = fake_gpu.gpu, fake_gpu.decoder, fake_gpu.cuda
-    dataset = EncodedImages(_baseline(files), repeat=3)  # 24 files
+    dataset = image_files(_baseline(files), repeat=3)  # 24 files
     loader = _loader(dataset, fake_gpu, batch_size=4, timeout=30)
     batches = len(loader)
     seen = 0
@@ -142,7 +149,7 @@ def test_no_synchronize_on_the_loops_thread_and_slots_wait_for_their_decode(
     workers); once the GPU runs, the slots come back and the epoch goes on
     to its end."""
     gpu = fake_gpu.gpu
-    dataset = EncodedImages(_baseline(files), repeat=10)  # 80 files
+    dataset = image_files(_baseline(files), repeat=10)  # 80 files
     loader = _loader(dataset, fake_gpu, batch_size=2, slots=2, persistent_workers=True)
     it = iter(loader)
     next(it)
@@ -179,7 +186,7 @@ def test_the_stages_memory_stays_bounded_over_a_thousand_batches(
     batches in flight, its device bytes, the decoder's live outputs and
     the slots waiting for a decode stay bounded by a few batches."""
     gpu, decoder = fake_gpu.gpu, fake_gpu.decoder
-    dataset = EncodedImages(_baseline(files), repeat=250)  # 2,000 files
+    dataset = image_files(_baseline(files), repeat=250)  # 2,000 files
     loader = _loader(dataset, fake_gpu, batch_size=2, slots=4)
     one_batch = 0
     live_peak = 0

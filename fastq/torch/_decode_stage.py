@@ -6,7 +6,6 @@ computes, and the loop's thread never waits for the GPU."""
 
 from __future__ import annotations
 
-import contextlib
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import ImageError
 from ._cuda import Event
 from ._decode_cuda import DecodeCuda
 from ._decoders import KIND_HW_JPEG, Decoder, decode_with_pil
@@ -204,7 +204,7 @@ class DecodeStage:
                 try:
                     host = decode_with_pil(files.data(i), files.box[i])
                 except Exception as exc:
-                    raise _named(exc, int(files.index[i]), self.path_of) from None
+                    raise _named(exc, int(files.index[i]), self.path_of) from exc
                 t = self.cuda.upload(host)
                 kept.append(t)
             elif not cropped[i]:
@@ -386,29 +386,24 @@ class _Files:
         return self._values[int(self._offsets[i]) : int(self._offsets[i + 1])]
 
 
-def _named(exc: Exception, index: int, path_of: Callable[[int], str]) -> Exception:
-    """``exc`` naming the sample it was raised for (its dataset index and
-    file), as the worker's error a DataLoader raises would."""
+def _named(exc: Exception, index: int, path_of: Callable[[int], str]) -> ImageError:
+    """``exc`` as the ImageError a worker decoding the file raises (its
+    path and dataset index), as a DataLoader's worker would raise it."""
     try:
         path = path_of(index)
     except Exception:
         path = "?"
-    note = f"raised decoding sample {index} ({path}) in fastq's image decode stage"
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-    else:  # before Python 3.11: in the message, as DataLoader's note is
-        with contextlib.suppress(Exception):
-            exc = type(exc)(f"{exc}\n{note}")
-    for name, value in (
-        ("fastq_sample", index),
-        ("fastq_path", path),
-        # The batch is spent, as one a worker's error ends: a loader's
-        # count of batches delivered includes it (_loader_iterator.py).
-        ("fastq_batch_spent", True),
-    ):
-        with contextlib.suppress(AttributeError, TypeError):
-            setattr(exc, name, value)
-    return exc
+    error = ImageError(
+        f"image {path!r} (sample {index}) cannot be decoded: "
+        f"{type(exc).__name__}: {exc}",
+        path=path,
+        index=index,
+    )
+    # The batch is spent, as one a worker's error ends: a loader's count of
+    # batches delivered includes it (_loader_iterator.py).
+    error.fastq_batch_spent = True  # type: ignore[attr-defined]
+    error.__cause__ = exc
+    return error
 
 
 def collate_encoded(samples: list[dict[str, Any]]) -> dict[str, np.ndarray[Any, Any]]:

@@ -4,7 +4,6 @@ and Pillow, one image at a time, for what the GPU backends leave."""
 
 from __future__ import annotations
 
-import io
 import threading
 import warnings
 from collections.abc import Sequence
@@ -14,10 +13,10 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..vision import KIND_HW_JPEG, KIND_OTHER
+from ..vision._decode import load_rgb
 
-# The file kinds fastq.vision's dataset reports per sample (its "kind" field).
-KIND_HW_JPEG = 0  # a baseline 3-component JPEG: the GPU's hardware engine takes it
-KIND_OTHER = 1  # anything else readable: progressive, grayscale, CMYK, PNG, ...
+__all__ = ["KIND_HW_JPEG", "KIND_OTHER", "Decoder", "decode_with_pil"]
 
 # The backends "auto" tries, in this order: the first that imports is used.
 BACKENDS = ("nvimgcodec", "torchvision")
@@ -64,11 +63,8 @@ def decode_with_pil(data: np.ndarray[Any, Any], box: Sequence[int]) -> torch.Ten
     torchvision's ImageFolder loads it (Pillow, then RGB: grayscale, CMYK
     and palette files made RGB; no EXIF rotation). Raises Pillow's error for
     a file it cannot read (truncated, corrupt)."""
-    from PIL import Image
-
     top, left, height, width = (int(v) for v in box)
-    with Image.open(io.BytesIO(memoryview(data))) as img:
-        rgb = img.convert("RGB")  # loads it: a truncated file raises here
+    rgb = load_rgb(memoryview(data))  # loads it: a truncated file raises here
     crop = rgb.crop((left, top, left + width, top + height))
     pixels = np.array(crop, dtype=np.uint8)  # (h, w, 3), writable
     return torch.from_numpy(pixels).permute(2, 0, 1)

@@ -16,26 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+import vision_fixtures as vf
 
-import fastq
-from fastq.torch._decoders import KIND_HW_JPEG, KIND_OTHER, decode_with_pil
+from fastq.torch._decoders import decode_with_pil
+from fastq.vision import KIND_HW_JPEG, KIND_OTHER, ImageFiles, decode_on_cpu
 from torch_helpers.pinning import FakeCuda, FakeEvent, FakeGpu
 
-SIZE = (24, 32)  # the plan's output (h, w)
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-
-
-class Plan:
-    """fastq.vision's DecodePlan, as the stage reads it."""
-
-    size = SIZE
-    scale = (0.08, 1.0)
-    ratio = (3 / 4, 4 / 3)
-    flip_p = 0.5
-    mean = MEAN
-    std = STD
-    antialias = True
+SIZE = (24, 32)  # the training plan's output (h, w)
 
 
 def _picture(h: int, w: int, seed: int) -> np.ndarray[Any, Any]:
@@ -79,7 +66,8 @@ def make_files(root: Path, count: int = 12) -> list[tuple[str, int, int]]:
 
 
 def truncate(path: str) -> None:
-    """Cuts a file to a third of its bytes: Pillow cannot decode it."""
+    """Cuts a file to a third of its bytes: its header still reads, its
+    scan does not decode."""
     data = Path(path).read_bytes()
     Path(path).write_bytes(data[: len(data) // 3])
 
@@ -91,90 +79,41 @@ def image_size(data: bytes) -> tuple[int, int]:
         return img.height, img.width
 
 
-def box_of(index: int, h: int, w: int) -> tuple[int, int, int, int]:
-    """A fixed box per sample (a function of the index): (top, left,
-    height, width) inside an h x w image."""
-    bh, bw = h // 2 + index % 7, w // 2 + (3 * index) % 11
-    top, left = (index * 5) % (h - bh + 1), (index * 3) % (w - bw + 1)
-    return top, left, bh, bw
+def image_files(
+    files: list[tuple[str, int, int]], repeat: int = 1, validation: bool = False
+) -> ImageFiles:
+    """fastq.vision's dataset of ``files`` (``repeat`` times over), with
+    ImageNet's training pipeline at SIZE (or its validation one)."""
+    transform = vf.val_transform(40, 32) if validation else vf.train_transform(SIZE)
+    return ImageFiles([(p, label) for p, label, _ in files] * repeat, transform, seed=7)
 
 
-class EncodedImages:
-    """fastq.vision.ImageFiles in small: the contract's two modes, with
-    fixed boxes and flips instead of RandomResizedCrop's draws."""
-
-    decode_plan = Plan()
-
-    def __init__(self, files: list[tuple[str, int, int]], repeat: int = 1) -> None:
-        self.samples = [(p, label) for p, label, _ in files] * repeat
-        self.kinds = [k for _, _, k in files] * repeat
-        self.gpu = False
-
-    def decode_on_gpu(self, on: bool) -> None:
-        self.gpu = bool(on)
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def encoded_spec(self, batch_size: int) -> dict[str, Any]:
-        largest = max(Path(p).stat().st_size for p, _ in set(self.samples))
-        return {
-            "data": fastq.Jagged("uint8", max_len=largest),
-            "label": ((), "int64"),
-            "index": ((), "int64"),
-            "size": ((2,), "int32"),
-            "box": ((4,), "int32"),
-            "flip": ((), "uint8"),
-            "kind": ((), "uint8"),
-        }
-
-    def encoded(self, i: int) -> dict[str, Any]:
-        path, label = self.samples[i]
-        data = Path(path).read_bytes()
-        try:
-            h, w = image_size(data)
-        except Exception:  # a file cut short: its header still says
-            h, w = 48, 64
-        return {
-            "data": np.frombuffer(data, dtype=np.uint8),
-            "label": np.int64(label),
-            "index": np.int64(i),
-            "size": np.array([h, w], np.int32),
-            "box": np.array(box_of(i, h, w), np.int32),
-            "flip": np.uint8(i % 2),
-            "kind": np.uint8(self.kinds[i]),
-        }
-
-    def __getitem__(self, i: int) -> Any:
-        sample = self.encoded(i)
-        if self.gpu:
-            return sample
-        image = decode_on_cpu(sample["data"], sample["box"], sample["flip"], Plan())
-        return image, int(sample["label"])
+def encoded_sample(dataset: ImageFiles, i: int) -> dict[str, Any]:
+    """Sample ``i`` encoded, with the crop it gets outside workers."""
+    was = dataset.encoded
+    dataset.decode_on_gpu(True)
+    try:
+        return dataset[i]  # type: ignore[no-any-return]
+    finally:
+        dataset.decode_on_gpu(was)
 
 
-def decode_on_cpu(data: Any, box: Any, flip: Any, plan: Any) -> np.ndarray[Any, Any]:
-    """The reference: Pillow decode, the box, a bilinear antialiased resize
-    (Pillow's, as torchvision's RandomResizedCrop on a PIL image), the
-    flip, ToTensor's scaling, Normalize: float32 (3, h, w)."""
-    from PIL import Image
-
-    crop = decode_with_pil(np.asarray(data), box).permute(1, 2, 0).numpy()
-    h, w = plan.size
-    img = Image.fromarray(crop).resize((w, h), Image.Resampling.BILINEAR)
-    if flip:
-        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    x = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / 255.0
-    mean = np.array(plan.mean, np.float32)[:, None, None]
-    std = np.array(plan.std, np.float32)[:, None, None]
-    return (x - mean) / std
+def reference(dataset: ImageFiles, indices: Any) -> torch.Tensor:
+    """fastq.vision.decode_on_cpu's images for ``indices``, with the crops
+    they get outside workers (a loader without workers gives them too)."""
+    out = []
+    for i in indices:
+        s = encoded_sample(dataset, i)
+        image = decode_on_cpu(s["data"], s["box"], s["flip"], dataset.decode_plan)
+        out.append(torch.from_numpy(image))
+    return torch.stack(out)
 
 
-def psnr(a: Any, b: Any, plan: Any = Plan) -> float:
+def psnr(a: Any, b: Any, std: Any = vf.STD) -> float:
     """In the 0-1 pixel range (normalization undone)."""
-    std = torch.tensor(plan.std)[:, None, None]
-    x = torch.as_tensor(a).float() * std
-    y = torch.as_tensor(b).float() * std
+    scale = torch.tensor(std)[:, None, None]
+    x = torch.as_tensor(a).float() * scale
+    y = torch.as_tensor(b).float() * scale
     mse = F.mse_loss(x, y).item()
     return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
 
@@ -320,14 +259,3 @@ def on_fake_gpu(monkeypatch: Any) -> OnFakeGpu:
     monkeypatch.setattr(_image_decode, "make_cuda", lambda device: on.cuda)
     monkeypatch.setattr(_loader_engine, "_decode_ring", on.ring)
     return on
-
-
-def reference(dataset: EncodedImages, indices: Any) -> torch.Tensor:
-    """decode_on_cpu's images for ``indices`` of ``dataset``."""
-    out = []
-    for i in indices:
-        s = dataset.encoded(i)
-        out.append(
-            torch.from_numpy(decode_on_cpu(s["data"], s["box"], s["flip"], Plan()))
-        )
-    return torch.stack(out)
