@@ -177,3 +177,46 @@ def test_without_workers_the_stage_decodes_in_the_loaders_process(
     want = reference(dataset, range(8))
     assert all(psnr(a, b) >= MIN_PSNR_DB for a, b in zip(torch.cat(got), want))
     loader.close()
+
+
+# ------------------------------------------------------- TorchPrefetcher
+
+
+@pytest.fixture
+def fake_cuda_device(fake_gpu: OnFakeGpu, monkeypatch: pytest.MonkeyPatch) -> OnFakeGpu:
+    """TorchPrefetcher(device="cuda") accepted on this machine."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    return fake_gpu
+
+
+def test_torchprefetcher_decodes_on_the_gpu_and_saves_the_place_it_handed_out(
+    fake_cuda_device: OnFakeGpu, files: list[tuple[str, int, int]]
+) -> None:
+    """TorchPrefetcher(dataset, device="cuda"): the dataset's encoded_spec
+    is the spec, batches are (images, labels) from the decode stage, and a
+    state saved after batch k (batch k+1 already decoding) resumes at
+    batch k+1, as the uninterrupted run goes on."""
+    from fastq.torch import TorchPrefetcher
+
+    gpu, decoder = fake_cuda_device.gpu, fake_cuda_device.decoder
+    dataset = image_files(files[:8], repeat=3)  # 24 files, 6 batches
+    kwargs: dict[str, Any] = {"workers": 1, "device": "cuda", "decode_backend": decoder}
+    with TorchPrefetcher(dataset, 4, **kwargs) as pf:
+        assert dataset.encoded
+        it = iter(pf)
+        whole = []
+        for k, (images, labels) in enumerate(it):
+            assert images.shape == (4, 3, *SIZE)
+            assert len(decoder.calls) == min(k + 2, 6)  # the next one is decoding
+            whole.append(labels.tolist())
+            if k == 1:
+                state = pf.state_dict()
+            gpu.run_all()
+        assert pf.stats()["decode"]["batches"] == 6
+    with TorchPrefetcher(dataset, 4, state=state, **kwargs) as pf:
+        rest = []
+        for _, labels in pf:
+            rest.append(labels.tolist())
+            gpu.run_all()
+    assert rest == whole[2:]

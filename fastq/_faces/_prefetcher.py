@@ -360,10 +360,15 @@ class Prefetcher(Face):
                 shuffle_buffer=self.shuffle_buffer,
                 seed=self.seed,
             )
-        epoch, done, above = feed.epoch_place()
+        epoch, done, above = self._epoch_place()
         return make_state(
             self._settings.sampler, epoch=epoch, done=done, delivered=above
         )
+
+    def _epoch_place(self) -> tuple[int, int, list[int] | None]:
+        """Where a map-style source's state saved now resumes: what the
+        loop was handed (fastq.torch's decode stage takes a batch ahead)."""
+        return self._feed.epoch_place()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``for`` loop resumes where ``state`` (from

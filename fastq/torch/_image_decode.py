@@ -34,6 +34,15 @@ def make_cuda(device: torch.device) -> DecodeCuda:
     return TorchDecodeCuda(device)
 
 
+def decode_ring(pin: bool, device: torch.device | None = None) -> CudaRing:
+    """The ring of a loader whose images decode on the GPU (NOTE [ A
+    batch's bytes wait for its decode ] in fastq/torch/_decode_stage.py),
+    page-locked off the first batch's path if ``pin``."""
+    if device is None or device.index is None:
+        device = current_device()
+    return CudaRing(device, False, pin=pin, register_later=pin, holds_slots=False)
+
+
 def _installed(name: str) -> bool:
     module = "nvidia.nvimgcodec" if name == "nvimgcodec" else name
     try:
@@ -135,7 +144,7 @@ class ImageDecode:
                 f"{face}: the images of {type(dataset).__name__} are decoded in "
                 f"the workers with Pillow, not on the GPU: {refusal}",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=3,  # the line that made the loader
             )
 
     def epoch(

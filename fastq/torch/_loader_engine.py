@@ -16,6 +16,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
 from .._faces._planned import PlannedLoader
 from .._workers._start_method import get_context
+from . import _image_decode
 from ._pinned import CudaRing
 from ._worker_side import IterableSource, MapSource
 
@@ -131,7 +132,7 @@ def _pinning(loader: LoaderArgs) -> tuple[Any, Any]:
     if pin_memory=True, and nothing pinned by copy (the batch is bytes the
     decoder reads)."""
     if loader._images.on_gpu:
-        return None, functools.partial(_decode_ring, loader.pin_memory)
+        return None, functools.partial(_image_decode.decode_ring, loader.pin_memory)
     device = _pin_device(loader)
     if device is None:
         return None, None
@@ -155,18 +156,6 @@ def _page_locked_ring() -> CudaRing:
     device; page-locked off the first batch's path."""
     return CudaRing(
         torch.device("cuda", torch.cuda.current_device()), False, register_later=True
-    )
-
-
-def _decode_ring(pin: bool) -> CudaRing:
-    """The ring of a loader whose images decode on the GPU (NOTE [ A
-    batch's bytes wait for its decode ] in fastq/torch/_decode_stage.py)."""
-    return CudaRing(
-        torch.device("cuda", torch.cuda.current_device()),
-        False,
-        pin=pin,
-        register_later=pin,
-        holds_slots=False,
     )
 
 

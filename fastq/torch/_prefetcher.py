@@ -3,8 +3,10 @@ ring with copies to the GPU on a side stream."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import numpy as np
@@ -16,6 +18,10 @@ from .._layout._jagged import Jagged, JaggedArray
 from .._layout._spec import BatchSpec
 from .._loop._engine import Engine, PlainBatches
 from ..errors import ConfigError, SpecError
+from . import _image_decode
+from ._decode_stage import DecodedEpoch
+from ._decoders import DEFAULT_BACKEND
+from ._image_decode import ImageDecode
 from ._pinned import CudaRing
 
 __all__ = ["TorchPrefetcher"]
@@ -141,6 +147,13 @@ class TorchPrefetcher(Prefetcher):
         that GPU, copied asynchronously on a side stream. The current stream
         waits for the copy, and the slot is freed once the copy's event has
         completed. None or ``'cpu'``: CPU tensors.
+    decode_backend, decode_dtype, channels_last
+        For a dataset of encoded images (``fastq.vision.ImageFolder``, one
+        with a ``decode_plan``) and a CUDA ``device``: as
+        ``fastq.torch.DataLoader``'s. Batches are then ``(images, labels)``
+        on the device, decoded there while the previous step computes
+        (``spec=`` defaults to the dataset's ``encoded_spec``); without a
+        GPU decoder the workers decode, with one warning.
 
     Raises
     ------
@@ -160,11 +173,32 @@ class TorchPrefetcher(Prefetcher):
         *args: Any,
         pin_memory: bool | None = None,
         device: str | torch.device | None = None,
+        decode_backend: Any = DEFAULT_BACKEND,
+        decode_dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
         **kwargs: Any,
     ) -> None:
         # Everything that can be refused is refused before a worker starts.
         arguments = _bind_prefetcher_args((source, batch_size, *args), kwargs)
+        self._images: ImageDecode | None = None
+        self._decoding: weakref.ref[DecodedEpoch] | None = None
+        if getattr(source, "decode_plan", None) is not None and _names_cuda(device):
+            images = ImageDecode(
+                source,
+                decode_backend,
+                decode_dtype,
+                channels_last,
+                cuda=_image_decode.cuda_available(),
+                face="fastq.torch.TorchPrefetcher",
+            )
+            if images.on_gpu:
+                self._images = images
+                if "spec" not in arguments:
+                    kwargs["spec"] = source.encoded_spec(batch_size or 1)
+                    arguments["spec"] = kwargs["spec"]
         jagged = _first_jagged(arguments.get("spec"))
+        if self._images is not None:
+            jagged = None  # the files' bytes go to the decode stage, not the device
         if jagged is not None and (pin_memory or _names_cuda(device)):
             option = "pin_memory=True" if pin_memory else f"device={device!r}"
             raise ConfigError(
@@ -191,6 +225,10 @@ class TorchPrefetcher(Prefetcher):
             raise
 
     def _pinning(self) -> Callable[[], CudaRing] | None:
+        if self._images is not None:
+            return functools.partial(
+                _image_decode.decode_ring, self.pin_memory, self.device
+            )
         if self.device is None and not self.pin_memory:
             return None
         return self._cuda_ring
@@ -227,7 +265,50 @@ class TorchPrefetcher(Prefetcher):
                 ) from None
 
     def _batches(self, spec: BatchSpec, engine: Engine) -> PlainBatches:
+        if self._images is not None:
+            # The slot's views, for the decode stage to read and keep until
+            # its decode has run.
+            return PlainBatches(spec)
         return _TensorBatches(spec, engine)
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = super().__iter__()
+        if self._images is None:
+            return batches
+        place = self._feed.epoch_place if self._settings.is_map else None
+        epoch = self._images.epoch(
+            batches, self.device, ring_of=self._decode_ring, place=place
+        )
+        self._decoding = weakref.ref(epoch)
+        return epoch
+
+    def _decode_ring(self) -> CudaRing | None:
+        return self._engine.pinning  # type: ignore[return-value]
+
+    def _epoch_place(self) -> tuple[int, int, list[int] | None]:
+        # The decode stage takes batch k+1 as it hands batch k out: a state
+        # saved now resumes after batch k, as handed to the loop.
+        live = None if self._decoding is None else self._decoding()
+        if live is not None and live.ahead and live.place is not None:
+            epoch, done, above = live.place
+            return epoch, done, above
+        return super()._epoch_place()
+
+    def stats(self) -> dict[str, Any]:
+        """As Prefetcher's; with images decoded on the GPU, ``decode`` is the
+        decode stage's (as ``fastq.torch.DataLoader.stats()``'s)."""
+        stats = super().stats()
+        decode = None if self._images is None else self._images.stats()
+        if decode is not None:
+            stats["decode"] = decode
+        return stats
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if getattr(self, "_images", None) is not None:
+                self._images.close()  # type: ignore[union-attr]
 
 
 class _TensorBatches(PlainBatches):

@@ -239,7 +239,7 @@ class OnFakeGpu:
         self.decoder = PilDecoder(self.cuda, crops=crops)
         self.rings: list[Any] = []
 
-    def ring(self, pin: bool = False) -> Any:
+    def ring(self, pin: bool = False, device: Any = None) -> Any:
         from fastq.torch._pinned import CudaRing
 
         ring = CudaRing(
@@ -251,11 +251,11 @@ class OnFakeGpu:
 
 def on_fake_gpu(monkeypatch: Any) -> OnFakeGpu:
     """Both faces as on a CUDA machine with a GPU decoder, on a fake GPU."""
-    from fastq.torch import _image_decode, _loader_engine
+    from fastq.torch import _image_decode
 
     on = OnFakeGpu()
     monkeypatch.setattr(_image_decode, "cuda_available", lambda: True)
     monkeypatch.setattr(_image_decode, "current_device", lambda: torch.device("cpu"))
     monkeypatch.setattr(_image_decode, "make_cuda", lambda device: on.cuda)
-    monkeypatch.setattr(_loader_engine, "_decode_ring", on.ring)
+    monkeypatch.setattr(_image_decode, "decode_ring", on.ring)
     return on
