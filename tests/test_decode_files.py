@@ -179,6 +179,34 @@ def test_without_workers_the_stage_decodes_in_the_loaders_process(
     loader.close()
 
 
+def test_a_state_saved_mid_epoch_resumes_after_the_batch_handed_out(
+    fake_gpu: OnFakeGpu, files: list[tuple[str, int, int]]
+) -> None:
+    """fastq.torch.DataLoader: a state saved after batch k (batch k+1 then
+    decoding) resumes at batch k+1, on another number of workers, with the
+    same crops and flips as the uninterrupted run's."""
+    gpu = fake_gpu.gpu
+    dataset = image_files(files[:8], repeat=3)  # 24 files, 6 batches
+    loader = _loader(dataset, fake_gpu, batch_size=4, num_workers=2, shuffle=True)
+    whole = []
+    for k, (images, labels) in enumerate(loader):
+        whole.append((images, labels))
+        gpu.run_all()
+        if k == 1:
+            state = loader.state_dict()
+    loader.close()
+    again = _loader(dataset, fake_gpu, batch_size=4, num_workers=1, shuffle=True)
+    again.load_state_dict(state)
+    rest = []
+    for images, labels in again:
+        rest.append((images, labels))
+        gpu.run_all()
+    assert len(rest) == 4
+    for (a, la), (b, lb) in zip(rest, whole[2:]):
+        assert torch.equal(la, lb) and torch.equal(a, b)
+    again.close()
+
+
 # ------------------------------------------------------- TorchPrefetcher
 
 

@@ -89,16 +89,19 @@ _ENCODED_SLOT_CAP = 64 << 20
 
 
 def encoded_slot_bytes(dataset: Any, batch_size: int | None) -> int | None:
-    """A DataLoader's slot for ``batch_size`` encoded files: room for that
-    many of the dataset's largest file (its ``encoded_spec``), up to
-    _ENCODED_SLOT_CAP; None (sized from the first batch) if it says none."""
+    """A DataLoader's slot for ``batch_size`` encoded files: room for the
+    dataset's budget per batch (its ``encoded_spec``: by default its
+    ``batch_size`` largest files), up to _ENCODED_SLOT_CAP; None (sized from
+    the first batch) if it says none."""
     rows = batch_size or 1
     try:
-        max_len = int(dataset.encoded_spec(rows)["data"].max_len)
+        files = dataset.encoded_spec(rows)["data"]
+        budget = files.budget if files.budget is not None else rows * files.max_len
     except Exception:  # no spec, or none of that form: sized as any batch
         return None
-    # Each file's bytes, the fixed fields and the packed record's structure.
-    need = rows * (max_len + 64) + (64 << 10)
+    # The files' bytes, then the fixed fields and the packed record's
+    # structure, a few dozen bytes a sample.
+    need = int(budget) + rows * 64 + (64 << 10)
     return min(need, _ENCODED_SLOT_CAP)
 
 
