@@ -133,7 +133,7 @@ class DecodeStage:
         self.stream = cuda.decode_stream()
         mean = torch.tensor(self.plan.mean, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(self.plan.std, dtype=torch.float32).view(1, 3, 1, 1)
-        # x / 255 - mean) / std, as ToTensor then Normalize, in one multiply-add.
+        # (x / 255 - mean) / std, as ToTensor then Normalize: one multiply-add.
         with cuda.on_stream(self.stream):
             self._scale = cuda.upload(1.0 / (255.0 * std))
             self._shift = cuda.upload(mean / std)
@@ -160,9 +160,14 @@ class DecodeStage:
             done = self.cuda.event()
             done.record(self.stream)
         decoded.done = done
-        if decoded.error is not None:
-            # Its traceback's frames must not keep the slot's bytes.
-            traceback.clear_frames(decoded.error.__traceback__)
+        error: BaseException | None = decoded.error
+        for _ in range(4):  # the error, Pillow's under it, and theirs
+            if error is None:
+                break
+            # The frames of their tracebacks must not keep the slot's bytes
+            # while the loop holds the error.
+            traceback.clear_frames(error.__traceback__)
+            error = error.__cause__ or error.__context__
         # NOTE [ A batch's bytes wait for its decode ]
         self.ring.release_after(done, kept)
         del kept, files
@@ -207,8 +212,13 @@ class DecodeStage:
                     raise _named(exc, int(files.index[i]), self.path_of) from exc
                 t = self.cuda.upload(host)
                 kept.append(t)
-            elif not cropped[i]:
-                t = t[:, top : top + height, left : left + width]
+            else:
+                if t.device != self.cuda.tensor_device:
+                    # A backend that decoded this one on its CPU path.
+                    t = self.cuda.upload(t)
+                    kept.append(t)
+                if not cropped[i]:
+                    t = t[:, top : top + height, left : left + width]
             nbytes += t.numel()
             x = t.unsqueeze(0).float()
             x = F.interpolate(

@@ -118,7 +118,10 @@ class NvImageCodecDecoder:
             region = (
                 nv.Region(top, left, top + height, left + width) if self.crops else None
             )
-            sources.append(nv.DecodeSource(d, region))
+            try:
+                sources.append(nv.DecodeSource(d, region))
+            except TypeError:  # a read-only view it does not take: a copy
+                sources.append(nv.DecodeSource(d.tobytes(), region))
         images = self._decoder.decode(
             sources, params=self._params, cuda_stream=stream.cuda_stream
         )
