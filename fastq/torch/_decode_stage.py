@@ -228,15 +228,20 @@ class DecodeStage:
                 align_corners=False,
                 antialias=self.plan.antialias,
             )
-            if files.flip[i]:
-                x = x.flip(-1)
             resized.append(x)
         batch = torch.cat(resized)
+        flips = files.flip.astype(bool)
+        if flips.any():
+            # The batch's flips in two kernels, not one per flipped image:
+            # each image costs the loop's thread its own launches already.
+            mask = self.cuda.upload(torch.from_numpy(flips)).view(-1, 1, 1, 1)
+            batch = torch.where(mask, batch.flip(-1), batch)
         assert self._scale is not None and self._shift is not None
         batch.mul_(self._scale).sub_(self._shift)
         images = batch.to(dtype=self.dtype, memory_format=self.memory_format)
         labels = self.cuda.upload(torch.from_numpy(files.label.astype(np.int64)))
-        nbytes += batch.numel() * 4 + images.numel() * images.element_size()
+        nbytes += batch.numel() * 4 * (2 if flips.any() else 1)
+        nbytes += images.numel() * images.element_size()
         self.images += n
         return _Decoded(images, labels, nbytes=nbytes)
 
