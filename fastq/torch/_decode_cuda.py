@@ -63,7 +63,11 @@ class TorchDecodeCuda(TorchCuda):
     def upload(self, host: torch.Tensor) -> torch.Tensor:
         # From pageable memory a copy would wait for the stream's queued
         # work before it returns: staged through page-locked memory (torch's
-        # caching host allocator keeps it until the copy has run).
+        # caching host allocator keeps it until the copy has run). A strided
+        # source (Pillow's pixels, permuted) is made contiguous first: torch
+        # would otherwise make it so in pageable memory, inside the copy.
+        if not host.is_contiguous():
+            host = host.contiguous()
         staged = host if host.is_pinned() else host.pin_memory()
         return staged.to(self._device, non_blocking=True)
 
