@@ -413,3 +413,38 @@ def copy_rows(cnp.ndarray dst, object src, Py_ssize_t rows):
                           cnp.PyArray_NBYTES(a))
                     return
     dst[:rows] = src
+
+
+def stack_rows(cnp.ndarray dst, list arrays):
+    """dst[j] = arrays[j] for each j, as np.stack(arrays, out=dst) would;
+    True once done, False (nothing written) unless every array is an exact
+    C-contiguous ndarray of dst's row shape and an equivalent dtype. Rows of
+    a large batch go in non-temporal stores, as RowWriter writes them."""
+    cdef Py_ssize_t j, n = len(arrays)
+    cdef int k, nd = cnp.PyArray_NDIM(dst)
+    cdef cnp.ndarray a
+    cdef object descr = <object>cnp.PyArray_DESCR(dst)
+    cdef size_t row_bytes
+    cdef bint stream
+    if nd < 1 or not cnp.PyArray_IS_C_CONTIGUOUS(dst) or cnp.PyArray_DIMS(dst)[0] != n:
+        return False
+    row_bytes = cnp.PyArray_NBYTES(dst) // n if n else 0
+    for j in range(n):
+        if not cnp.PyArray_CheckExact(arrays[j]):
+            return False
+        a = <cnp.ndarray>arrays[j]
+        if cnp.PyArray_NDIM(a) != nd - 1 or not cnp.PyArray_IS_C_CONTIGUOUS(a):
+            return False
+        for k in range(1, nd):
+            if cnp.PyArray_DIMS(a)[k - 1] != cnp.PyArray_DIMS(dst)[k]:
+                return False
+        if not cnp.PyArray_EquivTypes(<object>cnp.PyArray_DESCR(a), descr):
+            return False
+    stream = (cnp.PyArray_NBYTES(dst) >= STREAM_BATCH_BYTES
+              and row_bytes >= STREAM_ROW_BYTES)
+    cdef char *out = <char *>cnp.PyArray_DATA(dst)
+    for j in range(n):
+        a = <cnp.ndarray>arrays[j]
+        _copy(out + j * row_bytes, <const char *>cnp.PyArray_DATA(a), row_bytes,
+              stream)
+    return True

@@ -16,6 +16,7 @@ import torch.utils.data._utils.collate as torch_collate
 import torch.utils.data._utils.worker as torch_worker
 
 from .._layout._packing import NDARRAY, Arena, Codec, LeafKind
+from .._layout._rows import stack_rows
 from .._make._worker_info import WorkerInfo
 
 # --------------------------------------------------------------- tensors
@@ -82,6 +83,55 @@ CODEC = Codec([TENSOR, NDARRAY])
 # into it, so a batch's tensors are written once.
 _arena: Arena | None = None
 
+# NOTE [ Stacking with numpy ]
+#
+# A batch of same-shaped CPU samples is stacked into its slot row by row by
+# fastq's own copy (stack_rows, src_c/_rows.pyx), as the Prefetcher's
+# per-sample path writes its rows: a large batch's rows in non-temporal
+# stores, which spare the read of every destination line and the caches
+# (src_c/fq_stream.h). torch.stack (and np.stack) write through the caches,
+# and default_collate's numpy case first wraps each sample in a tensor
+# (torch.as_tensor, about 4 us each): together twice the Prefetcher's CPU
+# per ImageNet-like batch (benchmarks/dataloader_worker_cost.py). Anything
+# that cannot be stacked exactly as torch would (dtypes numpy lacks,
+# samples that differ in shape or dtype, tensors that need autograd or are
+# not plain CPU memory) takes torch's own path, which also raises torch's
+# errors.
+
+
+def _slot_out(
+    batch: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype[Any]
+) -> np.ndarray[Any, Any] | None:
+    """Room in the slot being filled for the stacked batch, or None."""
+    arena = _arena
+    if arena is None:
+        return None
+    out_shape = (len(batch), *shape)
+    off = arena.try_alloc(math.prod(out_shape) * dtype.itemsize)
+    if off < 0:
+        return None
+    nbytes = math.prod(out_shape) * dtype.itemsize
+    return arena.slot[off : off + nbytes].view(dtype).reshape(out_shape)
+
+
+def _stacked(arrays: Sequence[np.ndarray[Any, Any]]) -> torch.Tensor | None:
+    """The arrays stacked by numpy into the slot (or fresh memory), as a
+    tensor; None where torch's own stacking must run (NOTE [ Stacking with
+    numpy ])."""
+    first = arrays[0]
+    shape, dtype = first.shape, first.dtype
+    if dtype.hasobject or not dtype.isnative or dtype.fields is not None:
+        return None
+    for a in arrays:
+        if a.shape != shape or a.dtype != dtype:
+            return None
+    out = _slot_out(arrays, shape, dtype)
+    if out is None:
+        return torch.from_numpy(np.stack(arrays))
+    if not stack_rows(out, list(arrays)):  # strided samples: numpy's copy
+        np.stack(arrays, out=out)
+    return torch.from_numpy(out)
+
 
 def _stack_into_slot(
     batch: Sequence[torch.Tensor],
@@ -97,6 +147,14 @@ def _stack_into_slot(
             batch, collate_fn_map=collate_fn_map
         )
         return out
+    if (
+        elem.device.type == "cpu"
+        and elem.dtype in _NUMPY_DTYPES
+        and not any(t.requires_grad or t.is_conj() or t.is_neg() for t in batch)
+    ):
+        stacked = _stacked([t.numpy() for t in batch])
+        if stacked is not None and stacked.dtype == elem.dtype:
+            return stacked
     arena = _arena
     if arena is not None and elem.device.type == "cpu":
         shape = (len(batch), *elem.shape)
@@ -106,6 +164,33 @@ def _stack_into_slot(
             out = _slot_tensor(arena.slot, off, elem.dtype, shape)
             return torch.stack(list(batch), 0, out=out)
     return torch.stack(list(batch), 0)
+
+
+def _stack_arrays_into_slot(
+    batch: Sequence[np.ndarray[Any, Any]],
+    *,
+    collate_fn_map: dict[Any, Callable[..., Any]] | None = None,
+) -> Any:
+    """default_collate's numpy-array case: the same tensor, stacked by
+    numpy straight into the slot (NOTE [ Stacking with numpy ])."""
+    stacked = None
+    if type(batch[0]) is np.ndarray:  # a subclass keeps torch's path
+        stacked = _stacked(batch)
+    if stacked is not None:
+        return stacked
+    return torch_collate.collate_numpy_array_fn(batch, collate_fn_map=collate_fn_map)
+
+
+# The dtypes whose tensors .numpy() views and np.stack copies bit for bit.
+_NUMPY_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in (
+        *("bool", "uint8", "int8", "int16", "int32", "int64", "uint16"),
+        *("uint32", "uint64", "float16", "float32", "float64"),
+        *("complex64", "complex128"),
+    )
+    if hasattr(torch, name)
+)
 
 
 # ------------------------------------------------------------- sources
@@ -138,6 +223,7 @@ class _TorchSource:
         # Every collate that falls back on default_collate (collate_fn
         # wrappers included) stacks into the slot, not into new shared memory.
         torch_collate.default_collate_fn_map[torch.Tensor] = _stack_into_slot
+        torch_collate.default_collate_fn_map[np.ndarray] = _stack_arrays_into_slot
         seed = torch.initial_seed()
         self._seeded = seed
         torch_worker._worker_info = torch_worker.WorkerInfo(
