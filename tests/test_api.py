@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import (
     CallLog,
     CallLogFill,
     CallLogItems,
+    CountingBatches,
     FailingDataset,
     FillOnly,
     PatternDataset,
     StuckDataset,
     calls,
+    expected_batch,
 )
+from process_checks import child_pids
 
 import fastq
 
@@ -86,6 +92,51 @@ def test_unclosed_prefetcher_warns_and_cleans_up() -> None:
     with pytest.warns(ResourceWarning, match="not closed"):
         pf.__del__()
     assert pf.closed
+
+
+@pytest.mark.parametrize("source", ["map-style", "callable"])
+def test_an_unnamed_prefetcher_serves_its_whole_loop_then_closes_quietly(
+    source: str,
+) -> None:
+    """`for batch in fastq.Prefetcher(...)`, nothing naming the Prefetcher:
+    its loop holds it (NOTE [ A loop holds its face ]), so every batch
+    comes, bit for bit; once the loop is done its workers are gone (by
+    reference count alone, no collector pass), with nothing to warn of."""
+    got: list[Any] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.disable()
+        try:
+            if source == "map-style":
+                for batch in fastq.Prefetcher(
+                    PatternDataset(22), batch_size=4, workers=2, start_method="fork"
+                ):
+                    got.append(tuple(a.copy() for a in batch))
+            else:
+                for batch in fastq.Prefetcher(
+                    CountingBatches(3), workers=2, start_method="fork"
+                ):
+                    got.append(tuple(a.copy() for a in batch))
+            left = child_pids()
+        finally:
+            gc.enable()
+    assert left == [], "the workers outlived the loop and the Prefetcher"
+    assert [w for w in caught if w.category is ResourceWarning] == []
+    if source == "map-style":
+        want = [expected_batch(range(i, min(i + 4, 22))) for i in range(0, 22, 4)]
+    else:  # each worker's stream whole; which task a worker took may vary
+        got.sort(key=lambda b: (int(b[0][0]), int(b[1][0])))
+        want = [
+            (np.full(4, w), np.arange(k * 4, k * 4 + 4))
+            for w in range(2)
+            for k in range(3)
+        ]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert all(
+            a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+            for a, b in zip(g, w)
+        ), (g, w)
 
 
 def test_stats_report_throughput_and_workers() -> None:

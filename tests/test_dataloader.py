@@ -4,6 +4,7 @@ where there is something to compare."""
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 import re
@@ -92,6 +93,48 @@ def test_persistent_workers_serve_every_epoch() -> None:
     assert engines[0] is not None and seen <= set(engines[0]._pool.pids)
     loader.close()
     assert children() == []
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("kind", ["map-style", "iterable"])
+def test_an_unnamed_loader_serves_its_whole_epoch_then_leaves_nothing(
+    kind: str, persistent: bool
+) -> None:
+    """`for batch in DataLoader(...)`, as everyday PyTorch code writes it:
+    torch's batches, bit for bit; once the loop is done the workers are
+    gone (by reference count alone, no collector pass), and nothing is
+    said that DataLoader does not say."""
+
+    def loader(cls: Any) -> Any:
+        # Ours keeps every batch in its slot (slots=8: no copies); torch's
+        # iterable one runs the same two workers' shards.
+        ours = {"num_workers": 2, "persistent_workers": persistent, "slots": 8}
+        if kind == "map-style":
+            options = ours if cls is DataLoader else {}
+            return cls(Mixed(23), batch_size=4, shuffle=True, **options)
+        options = ours if cls is DataLoader else {"num_workers": 2}
+        return cls(Sharded(23), batch_size=4, **options)
+
+    torch.manual_seed(7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's: more workers than CPUs
+        want = list(loader(TorchLoader))
+    torch.manual_seed(7)
+    got = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.disable()
+        try:
+            for batch in loader(DataLoader):
+                got.append(batch)
+            left = children()
+        finally:
+            gc.enable()
+    assert left == [], "the workers outlived the loop and the loader"
+    assert [str(w.message) for w in caught] == []
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert same(g, w), (g, w)
 
 
 def test_torch_worker_info_in_workers() -> None:

@@ -16,6 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers import CountingBatches  # noqa: E402
+from process_checks import child_pids  # noqa: E402
 from torch_helpers.datasets import (  # noqa: E402
     Datetimes,
     DictImages,
@@ -78,6 +80,46 @@ def test_tuple_batches_are_bit_exact_zero_copy_tensors() -> None:
                 seen += labels.tolist()
         assert seen == list(range(50))
         assert len(pf) == 7
+
+
+@pytest.mark.parametrize("source", ["map-style", "callable"])
+def test_an_unnamed_torch_prefetcher_serves_its_whole_loop_then_closes_quietly(
+    source: str,
+) -> None:
+    """`for batch in TorchPrefetcher(...)`, nothing naming it: its loop
+    holds it, so every batch comes, bit for bit; once the loop is done its
+    workers are gone (by reference count alone), with nothing to warn of."""
+    got: list[tuple[Any, ...]] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.disable()
+        try:
+            if source == "map-style":
+                for batch in TorchPrefetcher(Images(22), batch_size=4, workers=2):
+                    got.append(tuple(t.numpy().copy() for t in batch))
+            else:
+                for batch in TorchPrefetcher(CountingBatches(3), workers=2):
+                    got.append(tuple(t.numpy().copy() for t in batch))
+            left = child_pids()
+        finally:
+            gc.enable()
+    assert left == [], "the workers outlived the loop and the TorchPrefetcher"
+    assert [w for w in caught if w.category is ResourceWarning] == []
+    if source == "map-style":
+        want = [expected(range(i, min(i + 4, 22))) for i in range(0, 22, 4)]
+    else:  # each worker's stream whole; which task a worker took may vary
+        got.sort(key=lambda b: (int(b[0][0]), int(b[1][0])))
+        want = [
+            (np.full(4, w), np.arange(k * 4, k * 4 + 4))
+            for w in range(2)
+            for k in range(3)
+        ]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert all(
+            a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+            for a, b in zip(g, w)
+        ), (g, w)
 
 
 @pytest.mark.parametrize("dataset", [DictImages, Rows])

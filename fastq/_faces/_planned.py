@@ -305,7 +305,7 @@ class PlannedLoader(Face):
             raise TypeError("a planned source is iterated with begin_epoch()")
         feed = self._engine.feed
         if feed is not None:
-            return feed.begin_pass()
+            return feed.begin_pass(self)  # it holds this face, as each loop
         if self._passes:
             raise RuntimeError("an engine still sizing its slots serves one pass")
         self._passes += 1
@@ -451,7 +451,7 @@ class _PassBeforeRing:
             loader = self._loader
             if loader.sizing:
                 loader.next_before_ring()
-            self._it = loader._feed.begin_pass()
+            self._it = loader._feed.begin_pass(loader)
         return next(self._it)
 
 

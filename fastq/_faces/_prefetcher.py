@@ -422,9 +422,11 @@ class Prefetcher(Face):
 
     def __iter__(self) -> Iterator[Any]:
         self._check_open()
+        # Each loop holds this face (NOTE [ A loop holds its face ] in
+        # fastq/_loop/_consumer.py): `for b in Prefetcher(...)` names none.
         if self._settings.is_map:
-            return self._feed.begin_epoch()
-        return self._feed.begin_pass()
+            return self._feed.begin_epoch(self)
+        return self._feed.begin_pass(self)
 
     def _batches(self, spec: BatchSpec, engine: Engine) -> PlainBatches:
         """What this face hands out for each batch (fastq.torch: tensors)."""
@@ -454,12 +456,17 @@ class Prefetcher(Face):
         if self._engine.closed:
             self._closed = True  # closed by a fatal error: nothing to warn of
             return
-        warnings.warn(
-            "fastq.Prefetcher was not closed; use it as a context manager or "
-            "call close()",
-            ResourceWarning,
-            stacklevel=2,
-        )
+        feed = self._engine.feed
+        if feed is None or not feed.released_by_loop:
+            # Else its last loop let go of it (`for b in Prefetcher(...)`):
+            # closed where a `with` around the loop would close it (NOTE [ A
+            # loop holds its face ] in fastq/_loop/_consumer.py).
+            warnings.warn(
+                "fastq.Prefetcher was not closed; use it as a context manager "
+                "or call close()",
+                ResourceWarning,
+                stacklevel=2,
+            )
         with contextlib.suppress(Exception):  # never raise from __del__
             self.close()
 

@@ -131,10 +131,15 @@ class Feed:
         # A stream whose workers' items come in turn (fastq/_core/_turns.py).
         self.turns: Turns | None = None
         self.wait_ns = 0  # stats: waiting for batches, after the first
+        # True while a dropped loop lets go of its face (NOTE [ A loop holds
+        # its face ]): a face it held last is closed then, and says nothing.
+        self.released_by_loop = False
 
     # ------------------------------------------------------------ passes
 
-    def begin_epoch(self) -> Iterator[Any]:
+    def begin_epoch(self, face: object = None) -> Iterator[Any]:
+        """One epoch's loop, which holds ``face`` (NOTE [ A loop holds its
+        face ])."""
         assert self.sampler is not None
         self.live += 1
         c = self.consumer
@@ -147,10 +152,12 @@ class Feed:
         self.epochs.enter(span, c.handed)
         c.handed_tasks = self.epochs.delivered  # joined at each hand-out
         return _EpochIterator(
-            self, self.live, span.first, span.end, c.handed, span.count, span.skip
+            self, face, self.live, span.first, span.end, c.handed, span.count, span.skip
         )
 
-    def begin_pass(self) -> Iterator[Any]:
+    def begin_pass(self, face: object = None) -> Iterator[Any]:
+        """One pass's loop, which holds ``face`` (NOTE [ A loop holds its
+        face ])."""
         self.live += 1
         c = self.consumer
         advance, items = self.passes.begin(self.pool.size)
@@ -164,7 +171,7 @@ class Feed:
         c.items = items
         if self.turns is not None:
             self.turns.begin(c.pass_)
-        return _PassIterator(self, self.live, c.ends)
+        return _PassIterator(self, face, self.live, c.ends)
 
     def epoch_place(self) -> tuple[int, int, list[int] | None]:
         """Where a map-style source's state saved now resumes (EpochCursor.
@@ -352,14 +359,46 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_loops_in_forked_child)
 
 
-class _EpochIterator:
+# NOTE [ A loop holds its face ]
+#
+# `for batch in fastq.Prefetcher(...)` names no face: while the loop runs,
+# its iterator is the face's only holder. The face owns the engine and
+# closes it when it is garbage, and the Feed holds the engine only weakly
+# (it must not keep its owner alive), so each loop holds its face: the
+# engine lives as long as the loop (as `for b in DataLoader(...)` works).
+# The face holds nothing of the loop, so there is no cycle: a
+# face dropped outside a loop is closed at once, and one whose last loop
+# is dropped is closed then. That loop releases it with the feed's
+# `released_by_loop` set, so the face knows it was closed where a `with`
+# block around the loop would have closed it, and warns of nothing. The
+# release runs in __del__ and reads no module global, so it is safe at
+# interpreter exit too.
+
+
+class _Loop:
+    """What every loop of a feed holds: the feed, and its face."""
+
+    __slots__ = ("_face", "_feed")
+
+    _face: object
+    _feed: Feed
+
+    def __del__(self) -> None:
+        # NOTE [ A loop holds its face ]: the face is closed here if this
+        # loop held it last.
+        feed = self._feed
+        feed.released_by_loop = True
+        self._face = None
+        feed.released_by_loop = False
+
+
+class _EpochIterator(_Loop):
     """One epoch of a map-style source. A class, not a generator: an
     exception inside ``__next__`` (Ctrl+C included) leaves it usable, and
     the batch it was handing out comes next."""
 
     __slots__ = (
         "_count",
-        "_feed",
         "_handed0",
         "_hi",
         "_lo",
@@ -370,6 +409,7 @@ class _EpochIterator:
     def __init__(
         self,
         feed: Feed,
+        face: object,
         token: int,
         lo: int,
         hi: int,
@@ -378,6 +418,7 @@ class _EpochIterator:
         skip: frozenset[int] = frozenset(),
     ) -> None:
         self._feed = feed
+        self._face = face
         self._token = token
         self._lo = lo
         self._hi = hi
@@ -424,14 +465,15 @@ class _EpochIterator:
         return batch
 
 
-class _PassIterator:
+class _PassIterator(_Loop):
     """One pass over a callable source: until every worker's iterator has
     ended. Usable after an exception, like _EpochIterator."""
 
-    __slots__ = ("_ends0", "_feed", "_token", "_workers")
+    __slots__ = ("_ends0", "_token", "_workers")
 
-    def __init__(self, feed: Feed, token: int, ends0: int) -> None:
+    def __init__(self, feed: Feed, face: object, token: int, ends0: int) -> None:
         self._feed = feed
+        self._face = face
         self._token = token
         self._ends0 = ends0
         self._workers = feed.pool.size
