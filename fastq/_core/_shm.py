@@ -414,6 +414,10 @@ class Region:
         if self.fd >= 0 and os.getpid() == self._pid:
             os.close(self.fd)
         self.fd = -1
+        with self._failure_lock:
+            # Nothing left to tell, and no reference back to the owner: a
+            # closed owner is freed without waiting for a collector pass.
+            self._on_failure = None
 
 
 def _settles(size: int) -> bool:

@@ -6,9 +6,9 @@ come through the workers' sockets (fastq/_faces/_prober.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Protocol
 
@@ -144,6 +144,10 @@ class PlannedLoader(Face):
             )
             for w in range(workers)
         ]
+        # The prober reaches this loader weakly: it is this loader's, and a
+        # cycle would keep the loader, and its workers, past its last
+        # reference until a collector pass.
+        loader = weakref.proxy(self)
         try:
             pool = self._engine.start_workers(ctx, configs)
             self._prober = FirstBatchProber(
@@ -151,14 +155,17 @@ class PlannedLoader(Face):
                 self._planner,
                 workers=workers,
                 timeout=timeout,
-                found=self._build_ring,
+                found=lambda spec, kept, worker: loader._build_ring(spec, kept, worker),
                 round=round_,
             )
             self._prober.answer()
         except BaseException:
             self._engine.close()
             raise
-        self._closed = False
+        # Owned by a DataLoader, which users never close: closed when
+        # garbage or at exit without a word (NOTE [ A face left open is
+        # closed before the interpreter's teardown ] in fastq/_faces/_face.py).
+        self._opened()
 
     # ---------------------------------------------- before the ring exists
 
@@ -333,12 +340,6 @@ class PlannedLoader(Face):
         """fastq.Prefetcher.stats(); empty while no batch has been made."""
         return {} if self.sizing else self._engine.stats(self.slots)
 
-    def __del__(self) -> None:
-        # Owned by a DataLoader, which users never close: no warning.
-        if not getattr(self, "_closed", True) and os.getpid() == self._pid:
-            with contextlib.suppress(Exception):
-                self.close()
-
     # The engine's parts, as the DataLoader and the tests reach them.
 
     @property
@@ -371,7 +372,7 @@ class _PackedBatches:
         slots: int,
         convert: Callable[[Any], Any] | None,
     ) -> None:
-        self._engine = engine
+        self._engine = weakref.proxy(engine)  # its owner: no cycle
         self._codec = codec
         # Batches alive at a hand-out before the rest are copied: a `for`
         # loop has two then (the body's last one and the new one), three if

@@ -3,9 +3,7 @@ its state and its epochs; the machinery is its engine (_engine, _launch)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import warnings
 from collections.abc import Iterator
 from typing import Any, Callable, TypeVar
 
@@ -186,6 +184,12 @@ class Prefetcher(Face):
 
     _spec: BatchSpec
     _settings: Settings
+    # Said of one dropped or left open at exit (NOTE [ A face left open is
+    # closed before the interpreter's teardown ] in fastq/_faces/_face.py),
+    # unless its last loop held it.
+    _unclosed_warning = (
+        "fastq.Prefetcher was not closed; use it as a context manager or call close()"
+    )
 
     # The arguments as resolved (defaults filled in), one place for each.
     ordered = _Setting()
@@ -249,7 +253,7 @@ class Prefetcher(Face):
         )
         self._stream_resume = settings.stream_resume  # a loaded state replaces it
         self._start_engine(settings.resume)
-        self._closed = False
+        self._opened()
 
     def _start_engine(self, resume: Resume | None) -> None:
         self._engine, self._spec = launch(
@@ -449,26 +453,6 @@ class Prefetcher(Face):
             "process that created it). Send the dataset (and the arguments) "
             "instead and create the Prefetcher in the process that iterates it"
         )
-
-    def __del__(self) -> None:
-        if getattr(self, "_closed", True) or os.getpid() != getattr(self, "_pid", -1):
-            return
-        if self._engine.closed:
-            self._closed = True  # closed by a fatal error: nothing to warn of
-            return
-        feed = self._engine.feed
-        if feed is None or not feed.released_by_loop:
-            # Else its last loop let go of it (`for b in Prefetcher(...)`):
-            # closed where a `with` around the loop would close it (NOTE [ A
-            # loop holds its face ] in fastq/_loop/_consumer.py).
-            warnings.warn(
-                "fastq.Prefetcher was not closed; use it as a context manager "
-                "or call close()",
-                ResourceWarning,
-                stacklevel=2,
-            )
-        with contextlib.suppress(Exception):  # never raise from __del__
-            self.close()
 
     # ------------------------------------------------------------ stats
 

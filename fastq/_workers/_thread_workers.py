@@ -130,10 +130,17 @@ class ThreadWorker:
                 os.close(fd)
         self._ended_r = self._ended_w = -1
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
         # Only once the thread has ended: _run holds this object until then.
-        if self._ended_r >= 0:
-            self._close_fds()
+        # os.close is bound here: at interpreter exit this module's globals
+        # may be None already.
+        for fd in (self._ended_r, self._ended_w):
+            if fd >= 0:
+                try:  # noqa: SIM105 (contextlib is a module global)
+                    _close(fd)
+                except OSError:
+                    pass
+        self._ended_r = self._ended_w = -1
 
 
 class ThreadContext:

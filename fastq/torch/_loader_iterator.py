@@ -145,14 +145,19 @@ class LoaderIterator:
         # without persistent_workers: so does the current loop (an older
         # one's workers are already gone, or belong to a newer loop). A
         # weak reference to a dying object still answers in its __del__.
+        # No module global is read here: at interpreter exit they may be
+        # None already, and the workers closed (NOTE [ A face left open is
+        # closed before the interpreter's teardown ] in fastq/_faces/_face.py).
         loader = self._loader
         if (
             self.in_epoch
             and not loader.persistent_workers
             and loader._current_loop() is self
         ):
-            with contextlib.suppress(Exception):
+            try:  # noqa: SIM105 (contextlib is a module global)
                 loader.close()
+            except Exception:  # never raise from __del__
+                pass
 
     def _mark_begun(self) -> None:
         if not self._begun:
