@@ -59,9 +59,12 @@ def test_the_benchmarks_run_after_the_bench_extra_alone() -> None:
         *("benchmarks/test_reseed.py", "--benchmark-only", "--collect-only"),
         *("-q", "-p", "no:cacheprovider"),
     ]
+    # A user's shell: none of this run's own pytest-xdist worker variables.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     proc = subprocess.run(
         command,
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=100,
