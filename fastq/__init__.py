@@ -6,8 +6,10 @@ from ._layout._jagged import Jagged, JaggedArray
 from ._layout._spec import BatchSpec
 from ._make._worker_info import WorkerInfo, get_worker_info
 from ._workers._shared_arrays import shared_array
+from ._workers._shared_records import SharedRecords, shared_records
 from .errors import (
     ConfigError,
+    CopiedDataWarning,
     FastqError,
     FetchTimeout,
     PrefetcherClosed,
@@ -35,6 +37,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "BatchSpec",
     "ConfigError",
+    "CopiedDataWarning",
     "FastqError",
     "FetchTimeout",
     "Jagged",
@@ -43,6 +46,7 @@ __all__ = [
     "PrefetcherClosed",
     "RingError",
     "SharedMemoryError",
+    "SharedRecords",
     "SlotsExhausted",
     "SpecError",
     "WorkerDied",
@@ -50,4 +54,5 @@ __all__ = [
     "WorkerInfo",
     "get_worker_info",
     "shared_array",
+    "shared_records",
 ]

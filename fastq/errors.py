@@ -103,3 +103,8 @@ class ImageError(FastqError, OSError):
         super().__init__(message)
         self.path = path
         self.index = index
+
+
+class CopiedDataWarning(RuntimeWarning):
+    """The source holds a large list or dict of Python objects that every
+    worker copies; the message names it and the line that shares it."""

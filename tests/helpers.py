@@ -530,3 +530,78 @@ def mapping_inode(arr: np.ndarray) -> int:
             if lo <= address < hi:
                 return int(fields[4])
     return 0
+
+
+def make_record(i: int) -> Any:
+    """Record i of a list a dataset holds: every kind of plain value, nested,
+    each depending on i (a tuple record at every third index)."""
+    record = {
+        "id": i,
+        "big": (1 << 70) + i,
+        "score": i / 7,
+        "nan": float("nan") if i % 5 == 0 else -0.0,
+        "name": f"images/{i:06d}-é€.jpg",
+        "raw": bytes([i % 256, 0, 255]),
+        "none": None,
+        "flag": i % 2 == 0,
+        "box": [i, i + 0.5, [True, None], (b"", "")],
+        "meta": {"tags": ("a", i), "nested": {"depth": [[i]]}},
+    }
+    return (i, f"{i}", record) if i % 3 == 0 else record
+
+
+class HoldsRecords:
+    """A map-style source over a list of records (make_record's) it holds.
+    Sample i reports, from the worker: whether record i reads back as
+    make_record(first + i) does (types included: `records` is a slice
+    from `first`), and the inode of the file the records' bytes lie in (0:
+    not a shared store). Sample `kill_at` kills its worker with SIGKILL."""
+
+    def __init__(self, records: Any, first: int = 0, kill_at: int = -1) -> None:
+        self.records = records
+        self.first = first
+        self.kill_at = kill_at
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i == self.kill_at:
+            os.kill(os.getpid(), 9)
+            time.sleep(10)
+        data = getattr(self.records, "_data", None)
+        return {
+            "same": np.int64(
+                repr(self.records[i]) == repr(make_record(self.first + i))
+            ),
+            "inode": np.int64(0 if data is None else mapping_inode(data)),
+        }
+
+
+class ReadsRecords:
+    """Sample i: the id of record i (a dict), read whole."""
+
+    def __init__(self, records: Any) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> np.int64:
+        record = self.records[i]
+        return np.int64(record["id"] + len(record["name"]))
+
+
+def annotation(i: int) -> dict[str, Any]:
+    """A record as a COCO-style manifest holds one (about 650 bytes of
+    Python objects)."""
+    return {
+        "id": i,
+        "image_id": i // 7,
+        "name": f"train2017/{i:012d}.jpg",
+        "bbox": [i * 0.5, i * 0.25, 32.5, 48.25],
+        "category_id": i % 80,
+        "area": 1560.0 + i,
+        "iscrowd": i % 50 == 0,
+        "caption": "a photo of " + "xy" * (i % 20),
+    }

@@ -27,6 +27,7 @@ from ..errors import (
     WorkerDied,
 )
 from ._config import WorkerConfig
+from ._copied_objects import warn_of_copied_objects
 from ._death_watch import MAIN_REIMPORTED_EXIT, DeathWatch, main_reimported
 from ._handoff import handoff_for_workers
 from ._handshake import (
@@ -226,6 +227,10 @@ class WorkerPool:
                 for c in configs
             )
             if not threads:
+                warn_of_copied_objects(
+                    {"source": first.source, "worker_init": first.worker_init},
+                    self._method,
+                )
                 self._handoff = handoff_for_workers((first.source, first.worker_init))
             for cfg in configs:
                 cfg.handoff = self._handoff

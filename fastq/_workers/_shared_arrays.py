@@ -83,11 +83,17 @@ def shared_array(data: Any, dtype: Any = None) -> np.ndarray[Any, Any]:
         raise ConfigError(
             f"shared_array(data): data has dtype {arr.dtype}, which holds "
             "Python objects and cannot live in shared memory; pass numbers, "
-            "or strings of one kind (a list of str or bytes), or keep it as a "
-            "Python list"
+            "or strings of one kind (a list of str or bytes); for records "
+            "(dicts, tuples), use fastq.shared_records(data)"
         )
+    return shared_bytes(arr, "fastq-shared-array")
+
+
+def shared_bytes(arr: np.ndarray[Any, Any], name: str) -> np.ndarray[Any, Any]:
+    """shared_array of an array, in a memfd named ``name`` (what
+    /proc/PID/maps shows of it)."""
     size = max(arr.nbytes, 1)
-    fd = _filled_memfd("fastq-shared-array", size, [(arr, 0)])
+    fd = _filled_memfd(name, size, [(arr, 0)])
     try:
         mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
     except BaseException:
@@ -371,4 +377,5 @@ __all__ = [
     "PayloadFd",
     "load_for_worker",
     "shared_array",
+    "shared_bytes",
 ]
