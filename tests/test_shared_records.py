@@ -176,6 +176,8 @@ def test_workers_do_not_copy_the_records() -> None:
     n = 100_000
     list_bytes = _bytes_of(lambda: [annotation(i) for i in range(n)])
     records = fastq.shared_records(annotation(i) for i in range(n))
+    for _record in records:  # maps every page here: PSS counts them from now
+        pass
     with fastq.Prefetcher(
         ReadsRecords(records), batch_size=500, workers=2, shuffle=True, seed=0
     ) as pf:
