@@ -276,3 +276,25 @@ def test_small_containers_and_shared_records_are_not_named(
     with fastq.Prefetcher(dataset, batch_size=4, workers=1) as pf:
         list(pf)
     assert copied_warnings(fresh_warnings) == []
+
+
+def test_an_array_of_python_objects_is_named(
+    fresh_warnings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A numpy array of dtype object (a pandas column of strings) holds
+    Python objects as a list does; other arrays hold none."""
+    monkeypatch.setattr(_copied_objects, "WARN_AT_BYTES", 1 << 20)
+    names = np.array([f"images/{i:08d}.jpg" for i in range(20_000)], dtype=object)
+    dataset = FewOfMany(
+        [annotation(i) for i in range(8)],
+        names=names,
+        numbers=np.arange(1 << 20),
+    )
+    with fastq.Prefetcher(dataset, batch_size=4, workers=1) as pf:
+        list(pf)
+    (warned,) = copied_warnings(fresh_warnings)
+    message = str(warned.message)
+    assert message.startswith(
+        "source.names is a numpy array (dtype object) of 20,000 Python objects"
+    )
+    assert "self.names = fastq.shared_array(self.names.tolist())" in message

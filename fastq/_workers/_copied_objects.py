@@ -25,8 +25,9 @@ from ._shared_records import SharedRecords
 # (and the garbage collector writes its header), so every page of objects
 # it reads becomes its own: a list of a million records read in a shuffled
 # epoch ends up copied into every worker. A spawned worker gets a copy at
-# start. Numpy arrays and shared records are not copied this way (their
-# data holds no Python objects), so they are not counted.
+# start. Numpy arrays (but those of dtype object) and shared records are
+# not copied this way (their data holds no Python objects), so they are
+# not counted.
 #
 # The walk is bounded so that a dataset without large containers costs its
 # start nothing measurable: breadth first from the source and worker_init,
@@ -62,9 +63,11 @@ class Copied:
     def __init__(self, path: str, obj: Any, nbytes: int) -> None:
         self.path = path
         self.kind = type(obj).__name__
-        self.items = len(obj)
+        if isinstance(obj, np.ndarray):
+            self.kind = "numpy array (dtype object)"
+        self.items = _count(obj)
         self.nbytes = nbytes
-        self.numbers_or_strings = isinstance(obj, (list, tuple)) and all(
+        self.numbers_or_strings = isinstance(obj, (list, tuple, np.ndarray)) and all(
             isinstance(x, _ATOMS) and x is not None for x in _sample(obj)
         )
         self.is_dict = isinstance(obj, dict)
@@ -98,10 +101,12 @@ def copied_objects(objs: dict[str, Any]) -> list[Copied]:
     found = []
     while queue and len(seen) < _MAX_VISITS:
         obj, path = queue.popleft()
-        if id(obj) in seen or isinstance(obj, _ATOMS + _NOT_COPIED):
+        if id(obj) in seen or isinstance(obj, _ATOMS):
+            continue
+        if isinstance(obj, _NOT_COPIED) and not _holds_objects(obj):
             continue
         seen.add(id(obj))
-        if _is_container(obj) and len(obj) >= _SAMPLED_FROM:
+        if _is_container(obj) and _count(obj) >= _SAMPLED_FROM:
             nbytes = _estimated_bytes(obj)
             if nbytes >= WARN_AT_BYTES:
                 found.append(Copied(path, obj, nbytes))
@@ -115,12 +120,25 @@ def copied_objects(objs: dict[str, Any]) -> list[Copied]:
 
 
 def _is_container(obj: Any) -> bool:
-    return isinstance(obj, (list, tuple, dict, set, frozenset))
+    return isinstance(obj, (list, tuple, dict, set, frozenset)) or _holds_objects(obj)
+
+
+def _holds_objects(obj: Any) -> bool:
+    """A numpy array of Python objects (a pandas column of strings): its
+    items are copied as a list's are."""
+    return isinstance(obj, np.ndarray) and obj.dtype.hasobject
+
+
+def _count(obj: Any) -> int:
+    return int(obj.size) if isinstance(obj, np.ndarray) else len(obj)
 
 
 def _sample(obj: Any) -> list[Any]:
     """Up to _SAMPLE items, evenly spread where they can be indexed (a
     dict's or a set's first ones: reaching others costs a pass)."""
+    if isinstance(obj, np.ndarray):
+        step = max(1, obj.size // _SAMPLE)
+        return [obj.flat[i] for i in range(0, obj.size, step)][:_SAMPLE]
     if isinstance(obj, (list, tuple)):
         step = max(1, len(obj) // _SAMPLE)
         return [obj[i] for i in range(0, len(obj), step)][:_SAMPLE]
@@ -136,13 +154,13 @@ def _estimated_bytes(container: Any) -> int:
     per_item = sum(_measure(x, _MEASURE_DEPTH) for x in sample) / len(sample)
     if isinstance(container, dict):
         per_item -= sys.getsizeof(sample[0])  # the (key, value) pair is ours
-    return int(sys.getsizeof(container) + per_item * len(container))
+    return int(sys.getsizeof(container) + per_item * _count(container))
 
 
 def _measure(obj: Any, depth: int) -> int:
     """An object's bytes with what it holds, to ``depth`` levels, a bounded
     number of items each (the rest counted as the average of those)."""
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
         return sys.getsizeof(np.empty(0))  # its data is not copied by a read
     size = sys.getsizeof(obj)
     if depth == 0 or isinstance(obj, _ATOMS + _NOT_COPIED):
@@ -180,15 +198,16 @@ def _message(found: Copied, start_method: str) -> str:
     for root in ("source.", "dataset."):
         if target.startswith(root):
             target = "self." + target[len(root) :]
+    items = target + (".tolist()" if found.kind.startswith("numpy") else "")
     if found.is_dict:
         fix = (
-            f"{target} = fastq.shared_records({target}.values()), with its "
+            f"{target} = fastq.shared_records({items}.values()), with its "
             "keys as positions"
         )
     elif found.numbers_or_strings:
-        fix = f"{target} = fastq.shared_array({target})"
+        fix = f"{target} = fastq.shared_array({items})"
     else:
-        fix = f"{target} = fastq.shared_records({target})"
+        fix = f"{target} = fastq.shared_records({items})"
     return (
         f"{found.path} is a {found.kind} of {found.items:,} Python objects "
         f"(about {_mib(found.nbytes)}) that every worker copies: {how}, up to "
