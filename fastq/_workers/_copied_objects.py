@@ -76,7 +76,11 @@ class Copied:
 def warn_of_copied_objects(objs: dict[str, Any], start_method: str) -> None:
     """Warns (CopiedDataWarning) once for each large container of Python
     objects that ``objs`` (name -> the user's object) hold."""
-    for found in copied_objects(objs):
+    try:
+        found_all = copied_objects(objs)
+    except Exception:  # a user's container whose len() or items fail
+        return  # advice only: never what stops workers from starting
+    for found in found_all:
         key = (found.path, found.items)
         if key in _warned:
             continue
