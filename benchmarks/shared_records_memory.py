@@ -23,8 +23,9 @@ workers copied while they read. Cases:
   fastq.shared_records(list), the list dropped;
 - fastq-shared: fastq.Prefetcher over the shared records;
 - torch-shared: torch's DataLoader over the shared records;
-- fastq-dataloader-none: fastq.torch.DataLoader over no records (sample i
-  is i): the loader's own growth over the epoch, the floor.
+- fastq-dataloader-none, fastq-none: fastq.torch.DataLoader and the
+  Prefetcher over no records (sample i is i): each loader's own growth
+  over the epoch, the floor.
 
 Reads: in this process, the cost of record i in a shuffled order, from the
 list and from each candidate store (shared records; marshal in the same
@@ -56,6 +57,7 @@ CASES = [
     "fastq-shared",
     "torch-shared",
     "fastq-dataloader-none",
+    "fastq-none",
 ]
 BATCH = 500
 
@@ -251,7 +253,7 @@ def _per_read(store: Any, order: list[int], then: Any = None) -> float:
     """Nanoseconds a read, the least over runs of _CHUNK reads (on a shared
     machine, a run that nothing interrupted)."""
     best = float("inf")
-    for _ in range(3):
+    for _ in range(5):
         for k in range(0, len(order), _CHUNK):
             chunk = order[k : k + _CHUNK]
             t0 = time.perf_counter()
@@ -260,7 +262,7 @@ def _per_read(store: Any, order: list[int], then: Any = None) -> float:
     return best * 1e9
 
 
-_CHUNK = 10_000
+_CHUNK = 2_000
 
 
 def _least_ms(run: Any) -> float:
