@@ -27,12 +27,14 @@ from ._shared_arrays import shared_bytes
 # arrays (fastq/_workers/_shared_arrays.py), inherited by a forked worker
 # and mapped by a spawned one, with their lifetime.
 #
-# Chosen by measurement (benchmarks/shared_records_memory.py, its read
-# section): unpickling a record is the whole cost of a read (the offsets
-# and the slice add about 0.1 us); marshal is no faster once records hold
-# anything but builtins, and silently turns a numpy scalar into bytes; an
-# Arrow table read a row at a time is several times slower, and a columnar
-# layout fits flat records only.
+# Chosen by measurement (benchmarks/shared_records_memory.py and
+# benchmarks/records_fork_model.py; docs/performance.md): unpickling a
+# record is the whole cost of a read (the offsets and the slice add about
+# 0.1 us); marshal reads 15 to 25% faster but turns a numpy scalar or a
+# bytearray into bytes without a word; an Arrow table read a row at a time
+# is 10 to 70 times slower, and holds flat records only; gc.freeze() before
+# the fork leaves the reference counts written, and no CPython (3.12's
+# immortal objects included) makes a dict immortal on request.
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
