@@ -298,3 +298,17 @@ def test_an_array_of_python_objects_is_named(
         "source.names is a numpy array (dtype object) of 20,000 Python objects"
     )
     assert "self.names = fastq.shared_array(self.names.tolist())" in message
+
+
+class NoLength(list):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        raise RuntimeError("no length here")
+
+
+def test_a_container_that_cannot_be_looked_at_does_not_stop_workers(
+    fresh_warnings: Any,
+) -> None:
+    dataset = FewOfMany([annotation(i) for i in range(8)], odd=NoLength([1, 2]))
+    with fastq.Prefetcher(dataset, batch_size=4, workers=1) as pf:
+        assert len(list(pf)) == 2
+    assert copied_warnings(fresh_warnings) == []
