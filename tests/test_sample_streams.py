@@ -336,8 +336,11 @@ def test_a_state_needs_the_same_shuffle_buffer_and_seed() -> None:
         Sharded(), batch_size=BATCH, workers=2, shuffle_buffer=8, seed=3
     ) as pf:
         state = pf.state_dict()
-    for kw in ({"shuffle_buffer": 9, "seed": 3}, {"shuffle_buffer": 8, "seed": 4}):
-        with pytest.raises(fastq.ConfigError, match=r"shuffle_buffer.*seed"):
+    for kw, named in (
+        ({"shuffle_buffer": 9, "seed": 3}, r"state\['shuffle_buffer'\]=8.*=9"),
+        ({"shuffle_buffer": 8, "seed": 4}, r"state\['seed'\]=3.*seed=4"),
+    ):
+        with pytest.raises(fastq.ConfigError, match=named):
             fastq.Prefetcher(Sharded(), batch_size=BATCH, workers=2, state=state, **kw)
 
 

@@ -18,7 +18,11 @@ from .._core._ring import MAX_SLOTS, MAX_WORKERS
 from .._layout._spec import BatchSpec
 from .._make._sampler import EpochSampler
 from .._make._state import Resume, StreamResume, check_state, check_stream_state
-from .._make._streams import check_stream_source, check_thread_sharding
+from .._make._streams import (
+    check_stream_source,
+    check_thread_sharding,
+    source_name,
+)
 from .._workers._start_method import get_context
 from .._workers._thread_workers import ThreadContext
 from ..errors import ConfigError
@@ -53,6 +57,9 @@ class Settings:
     stream_rows: int
     shuffle_buffer: int
     stream_resume: StreamResume | None
+    # A stream's lanes: the workers its iterators see (NOTE [ A stream's
+    # lanes ] in fastq/_workers/_lanes.py); a state's, else one per worker.
+    streams: int
 
 
 def resolve(
@@ -171,12 +178,12 @@ def resolve(
         if state is not None:
             stream_resume = check_stream_state(
                 state,
-                workers=workers,
                 rank=rank,
                 world_size=world_size,
                 sample_stream=bool(stream_rows),
-                shuffle_buffer=shuffle_buffer,
+                shuffle_buffer=shuffle_buffer or 0,
                 seed=seed,
+                source=source_name(source),
             )
         known = None  # a worker infers it; the source never runs here
         if spec is not None:
@@ -204,6 +211,7 @@ def resolve(
         stream_rows=stream_rows,
         shuffle_buffer=shuffle_buffer or 0,
         stream_resume=stream_resume,
+        streams=workers if stream_resume is None else stream_resume.lanes,
     )
 
 

@@ -9,10 +9,11 @@ from typing import Any, Callable
 
 from .._core._plan import Plan
 from .._core._ring import BatchViews, Ring
+from .._core._turns import Turns
 from .._layout._spec import BatchSpec
 from .._loop._autotune import AUTO_START
 from .._loop._engine import Engine, PlainBatches, SlotPinning, in_main_thread
-from .._make._state import Resume, StreamResume
+from .._make._state import Resume, StreamResume, resume_turn
 from .._workers._config import WorkerConfig
 from ._arguments import Settings
 from ._first_batch import claim_kept, first_plans, receive_map_spec
@@ -48,9 +49,16 @@ def launch(
             copy=s.copy,
             sample_stream=bool(s.stream_rows),
             views=_views(s, spec, maker),
+            streams=0 if s.is_map else s.streams,
         )
         if stream is not None:
             feed.passes.resume_at(stream)
+        if _in_turns(s):
+            rows = s.stream_rows
+            first = [0] * s.streams if stream is None else stream.items
+            feed.turns = Turns(
+                feed.ring, feed.consumer, [resume_turn(n, rows) for n in first]
+            )
         if s.auto:
             engine.autotune(s.workers)
     except BaseException:
@@ -96,8 +104,10 @@ def _start(
             stream_rows=s.stream_rows,
             drop_last=s.drop_last,
             shuffle_buffer=s.shuffle_buffer,
-            resume_items=0 if stream is None else stream.items[w],
+            streams=s.streams,
+            resume_items=None if stream is None else list(stream.items),
             first_pass=0 if stream is None else stream.pass_,
+            turns=_in_turns(s),
         )
 
     if s.spec is not None:
@@ -147,6 +157,15 @@ def _start(
     return spec
 
 
+def _in_turns(s: Settings) -> bool:
+    """An ordered stream's batches come from its lanes in turn (NOTE [ A
+    stream's lanes ] in fastq/_workers/_lanes.py): the order is then the
+    same on any number of worker processes, and a state resumes it."""
+    return not s.is_map and s.ordered and s.streams > 1
+
+
 def _build_ring(engine: Engine, s: Settings, spec: BatchSpec) -> Ring:
     slot_bytes = max(spec.slot_bytes, MIN_SLOT_BYTES)
-    return engine.build_ring(engine.ring_slots(s.slots), s.workers, slot_bytes)
+    # A count per process and per lane (a stream's items count by lane).
+    counts = s.workers if s.is_map else max(s.workers, s.streams)
+    return engine.build_ring(engine.ring_slots(s.slots), counts, slot_bytes)

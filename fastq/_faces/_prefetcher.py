@@ -20,6 +20,7 @@ from .._make._state import (
     make_state,
     make_stream_state,
 )
+from .._make._streams import source_name
 from .._workers._pool import WorkerPool
 from ..errors import ConfigError
 from ._arguments import Settings, as_int, resolve, spare_one
@@ -363,6 +364,7 @@ class Prefetcher(Face):
                 sample_stream=bool(self._settings.stream_rows),
                 shuffle_buffer=self.shuffle_buffer,
                 seed=self.seed,
+                source=source_name(self._settings.source),
             )
         epoch, done, above = self._epoch_place()
         return make_state(
@@ -383,17 +385,18 @@ class Prefetcher(Face):
         self._check_open()
         feed = self._feed
         if self._settings.sampler is None:
-            self._stream_resume = check_stream_state(
+            self._stream_resume = resume_stream = check_stream_state(
                 state,
-                workers=self.workers,
                 rank=self.rank,
                 world_size=self.world_size,
                 sample_stream=bool(self._settings.stream_rows),
                 shuffle_buffer=self.shuffle_buffer,
                 seed=self.seed,
+                source=source_name(self._settings.source),
             )
+            self._settings.streams = resume_stream.lanes
             feed.end_loops(ConfigError, _LOADED_MID_LOOP)
-            self._restart_engine(None)  # each worker passes over its items
+            self._restart_engine(None)  # each lane passes over its items
             return
         sampler = self._settings.sampler
         resume = check_state(state, sampler)

@@ -95,6 +95,7 @@ class Feed:
         indices_of: Callable[[int], Any] | None = None,
         sample_stream: bool = False,
         views: BatchViews | None = None,
+        streams: int = 0,
     ) -> None:
         self.ring = ring
         self.consumer = Consumer(ring)
@@ -111,6 +112,9 @@ class Feed:
         # samples, its errors name a sample of the worker's stream.
         self.sample_stream = sample_stream
         self.consumer.count_rows = sample_stream
+        # A stream's lanes (NOTE [ A stream's lanes ] in
+        # fastq/_workers/_lanes.py): whose items and end markers it counts.
+        self.streams = streams or pool.size
         # What names a task's sample indices in errors (None: a stream).
         self.indices_of = sampler.batch_indices if sampler is not None else indices_of
         # Makes a plain batch in compiled code (None: every batch takes the
@@ -160,7 +164,7 @@ class Feed:
         face ])."""
         self.live += 1
         c = self.consumer
-        advance, items = self.passes.begin(self.pool.size)
+        advance, items = self.passes.begin(self.streams)
         if advance:
             # Items of an abandoned pass still in flight are dropped as they
             # arrive: in ordered mode each one advances the sequence, so
@@ -168,7 +172,8 @@ class Feed:
             c.pass_ += 1
             self.ring.set_pass(c.pass_)
         c.handed_tasks = None
-        c.items = items
+        # (The ring has a count for each lane and each process.)
+        c.items = items + [0] * (len(c.items) - len(items))
         if self.turns is not None:
             self.turns.begin(c.pass_)
         return _PassIterator(self, face, self.live, c.ends)
@@ -184,7 +189,8 @@ class Feed:
         delivered in it; between passes (or with a state loaded, not yet
         used), where the next pass starts."""
         c = self.consumer
-        return self.passes.place(c.pass_, c.items, self.pool.size)
+        streams = self.streams
+        return self.passes.place(c.pass_, c.items[:streams], streams)
 
     def close_loops(self, why: str) -> None:
         """Ends every open loop. The current one raises PrefetcherClosed
@@ -476,7 +482,7 @@ class _PassIterator(_Loop):
         self._face = face
         self._token = token
         self._ends0 = ends0
-        self._workers = feed.pool.size
+        self._workers = feed.streams
 
     def __iter__(self) -> _PassIterator:
         return self

@@ -102,7 +102,7 @@ def worker_error(
     return batch_error(
         report,
         worker=worker,
-        pid=pool.pids[worker],
+        pid=pool.pids[worker % pool.size],  # a stream's lane runs there
         task=task,
         position=lease.sample,
         indices=indices,

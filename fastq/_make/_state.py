@@ -217,25 +217,41 @@ def _reshard(state: dict[str, Any], epoch: int) -> Reshard | None:
     return Reshard(epoch, tuple((w, b) for w, b in steps))
 
 
-# A stream's state: which worker made a batch, and when, is decided at run
-# time, so its place is per worker: the items (a sample stream's: samples)
-# of each worker's own stream delivered in the current pass. States saved
-# before sample streams lack "pass", "unit" and "shuffle_buffer": they were
-# pass 0 of a stream of whole batches with no shuffle buffer.
+# A stream's state: which process makes a batch, and when, is decided at
+# run time, so its place is per lane (NOTE [ A stream's lanes ] in
+# fastq/_workers/_lanes.py): the items (a sample stream's: samples) of
+# each lane's own stream delivered in the current pass. "workers" is the
+# number of lanes, which get_worker_info() gives the iterators as
+# num_workers: the state fixes it, and any number of processes runs them.
+# States saved before sample streams lack "pass", "unit" and
+# "shuffle_buffer" (pass 0 of a stream of whole batches with no shuffle
+# buffer); those saved before lanes lack "source", and were resumed only
+# on as many processes as lanes, which they still are.
 STREAM_FORMAT = "fastq.Prefetcher.stream/1"
 
 
 @dataclass(frozen=True)
 class StreamResume:
     """Where a stream resumes: in pass ``pass_`` (which seeds a shuffle
-    buffer), after ``items[w]`` items of worker w's stream."""
+    buffer), after ``items[v]`` items of lane v's stream."""
 
     pass_: int
     items: list[int]
 
+    @property
+    def lanes(self) -> int:
+        return len(self.items)
+
 
 def _unit(sample_stream: bool) -> str:
     return "samples" if sample_stream else "batches"
+
+
+def resume_turn(items: int, rows: int) -> int:
+    """The turn (fastq/_core/_turns.py) of a lane's next batch once
+    ``items`` of its stream were delivered: its batches so far, ``rows``
+    samples to a batch in a sample stream (0: items are batches)."""
+    return items if not rows else -(-items // rows)
 
 
 def make_stream_state(
@@ -246,8 +262,10 @@ def make_stream_state(
     sample_stream: bool,
     shuffle_buffer: int,
     seed: int,
+    source: str,
 ) -> dict[str, Any]:
-    """The state of a stream at ``place``."""
+    """The state of a stream at ``place``; ``source`` names the source
+    (fastq._make._streams.source_name)."""
     return {
         "format": STREAM_FORMAT,
         "items": list(place.items),
@@ -258,20 +276,22 @@ def make_stream_state(
         "seed": seed,
         "world_size": world_size,
         "rank": rank,
+        "source": source,
     }
 
 
 def check_stream_state(
     state: Any,
     *,
-    workers: int,
     rank: int,
     world_size: int,
     sample_stream: bool,
     shuffle_buffer: int,
     seed: int,
+    source: str,
 ) -> StreamResume:
-    """Where a saved stream state resumes, once it fits this Prefetcher."""
+    """Where a saved stream state resumes, once it fits this stream: its
+    lanes are the state's, run by any number of processes."""
     if not isinstance(state, dict) or state.get("format") != STREAM_FORMAT:
         got = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ConfigError(
@@ -287,34 +307,55 @@ def check_stream_state(
             "pass batch_size as it was when the state was saved (set, for a "
             "stream of samples; None, for whole batches)"
         )
-    mine: dict[str, Any] = {"workers": workers, "world_size": world_size, "rank": rank}
+    saved_source = state.get("source", source)
+    if saved_source != source:
+        raise ConfigError(
+            f"state['source']={saved_source!r}, but this stream's source is "
+            f"{source!r}: a state counts the items of its own source's "
+            "streams; load it into a loader over the source it was saved "
+            "from (or start this one without the state)"
+        )
+    saved_seed = state.get("seed")
+    if saved_seed != seed:
+        raise ConfigError(
+            f"state['seed']={saved_seed!r}, but this stream has seed={seed!r}: "
+            "each lane's randomness (its shuffle buffer, its generators, "
+            "get_worker_info().rng) comes from the seed; pass "
+            "seed=state['seed'] (a Prefetcher given state= and seed=None "
+            "takes the state's seed)"
+        )
+    saved_buffer = state.get("shuffle_buffer", 0)
+    if saved_buffer != shuffle_buffer:
+        raise ConfigError(
+            f"state['shuffle_buffer']={saved_buffer!r}, but this Prefetcher "
+            f"has shuffle_buffer={shuffle_buffer or None!r}: the samples a "
+            "lane delivered are those its shuffle buffer drew, so pass the "
+            f"shuffle_buffer the state was saved with ({saved_buffer or None!r})"
+        )
+    mine: dict[str, Any] = {"world_size": world_size, "rank": rank}
     for key, value in mine.items():
         if state.get(key) != value:
             raise ConfigError(
                 f"state[{key!r}]={state.get(key)!r}, but this Prefetcher has "
-                f"{key}={value!r}: each worker's stream (sharded with "
-                f"get_worker_info()) resumes where it stopped, so pass the "
-                f"{key} the state was saved with"
+                f"{key}={value!r}: a rank's iterators shard the stream by "
+                "their rank themselves, so each rank resumes its own state; "
+                f"pass the {key} the state was saved with"
             )
-    saved_buffer = state.get("shuffle_buffer", 0)
-    if saved_buffer != shuffle_buffer or (shuffle_buffer and state.get("seed") != seed):
-        raise ConfigError(
-            f"state['shuffle_buffer']={saved_buffer!r} with seed "
-            f"{state.get('seed')!r}, but this Prefetcher has shuffle_buffer="
-            f"{shuffle_buffer or None!r} and seed={seed!r}: the samples a worker "
-            "delivered are those its shuffle buffer drew, so pass the "
-            "shuffle_buffer and seed the state was saved with (a Prefetcher "
-            "given state= and seed=None takes the state's seed)"
-        )
+    lanes = state.get("workers")
     items = state.get("items")
     if (
-        not isinstance(items, list)
-        or len(items) != workers
-        or not all(isinstance(n, int) and n >= 0 for n in items)
+        not isinstance(lanes, int)
+        or isinstance(lanes, bool)
+        or lanes < 1
+        or not isinstance(items, list)
+        or len(items) != lanes
+        or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in items
+        )
     ):
         raise ConfigError(
-            f"state['items']={items!r}: expected {workers} counts >= 0, one per "
-            "worker, as state_dict() writes them"
+            f"state['items']={items!r} with state['workers']={lanes!r}: "
+            "expected one count >= 0 per worker, as state_dict() writes them"
         )
     pass_ = state.get("pass", 0)
     if not isinstance(pass_, int) or isinstance(pass_, bool) or pass_ < 0:
@@ -334,4 +375,5 @@ __all__ = [
     "check_stream_state",
     "make_state",
     "make_stream_state",
+    "resume_turn",
 ]

@@ -69,6 +69,16 @@ def check_thread_sharding(source: Any, workers: int) -> None:
     )
 
 
+def source_name(source: Any) -> str:
+    """What a stream's state names its source by: the generator function's
+    or the iterable's class's qualified name (an object's attributes, such
+    as its list of files, may change between runs; its class does not)."""
+    named = source if callable(source) and hasattr(source, "__qualname__") else None
+    kind = named if named is not None else type(source)
+    module = getattr(kind, "__module__", None) or "?"
+    return f"{module}.{getattr(kind, '__qualname__', type(kind).__name__)}"
+
+
 def open_stream(source: Any) -> Iterator[Any]:
     """A worker's own iterator over a stream source."""
     made = source() if callable(source) else source
@@ -193,5 +203,6 @@ __all__ = [
     "check_stream_source",
     "open_stream",
     "shuffle_rng",
+    "source_name",
     "worker_stream",
 ]

@@ -61,10 +61,15 @@ class WorkerConfig:
     stream_rows: int = 0
     drop_last: bool = False
     shuffle_buffer: int = 0
-    # A stream source resumed from a state: the items of this worker's
-    # stream delivered before it, which its first pass passes over, and
-    # the pass number the ring's first pass stands for.
-    resume_items: int = 0
+    # A stream source's workers as its iterators see them (NOTE [ A
+    # stream's lanes ] in fastq/_workers/_lanes.py): `streams` of them
+    # (0: one per worker process), this process running those whose id is
+    # its own modulo num_workers.
+    streams: int = 0
+    # A stream source resumed from a state: the items of each lane's stream
+    # delivered before it (one count per lane; None: none), which its first
+    # pass passes over, and the pass number the ring's first pass stands for.
+    resume_items: list[int] | None = None
     first_pass: int = 0
     # A packed stream delivered in order: the workers' items come in turn
     # (fastq/_core/_turns.py), this worker's from `first_turn` in the ring's

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from .._core._report import UNKNOWN_SAMPLE
 from .._core._ring import SLOT_BATCH, SLOT_END, Ring
-from .._core._turns import take_turn
+from .._core._turns import turn_task
 from .._layout._jagged import JaggedArray
 from .._layout._packing import Codec, pack
 from .._layout._rows import RowWriter, copy_rows
 from .._make._streams import ShuffleBuffer
 from .._make._worker_info import WorkerInfo
+from ._lanes import Lane, Lanes
 from ._worker_loops import First, Producer, field_views, slot_arrays
 from ._worker_setup import NOTHING, open_stream
 
@@ -26,111 +27,149 @@ if TYPE_CHECKING:
 
 class _Stream(Producer):
     """A stream source (fastq._make._streams), read in passes: the consumer
-    starts each, and this worker opens its stream afresh for it, ends it
+    starts each, and this worker opens its lanes' streams afresh for it
+    (NOTE [ A stream's lanes ] in fastq/_workers/_lanes.py), ends each
     with an end marker, and waits for the next. A kind makes a batch from
-    the stream (``_make``) and says what an error in it means
+    a lane's stream (``_make``) and says what an error in it means
     (``_failed``); the slots come in the ring's order, or in turns."""
 
     keeps_first_plan = False
 
     def __init__(self, ring: Ring, cfg: WorkerConfig, info: WorkerInfo) -> None:
         super().__init__(ring, cfg, info)
-        self.turn = cfg.first_turn  # with turns: this worker's next one
+        self.lanes = Lanes(cfg, info)
+        self._init_error: BaseException | None = None
 
-    def _make(self, it: Iterator[Any], item: Any, slot: int) -> tuple[int, int]:
-        """The next batch from `it` (`item` first, unless NOTHING) into
-        slot: (rows, or a packed batch's arena bytes; its record bytes).
-        Raises StopIteration once the pass has nothing more for it."""
+    def _item_of(self) -> int:
+        lane = self.lanes.current
+        return self.wid if lane is None else lane.id
+
+    def _make(self, lane: Lane, item: Any, slot: int) -> tuple[int, int]:
+        """The next batch from the lane's stream (`item` first, unless
+        NOTHING) into slot: (rows, or a packed batch's arena bytes; its
+        record bytes). Raises StopIteration once the pass has nothing more
+        for it."""
         raise NotImplementedError
 
-    def _failed(
-        self, slot: int, exc: Exception, it: Iterator[Any] | None, pass_: int
-    ) -> bool:
-        """Reports exc in place of the slot's batch: whether this worker's
+    def _failed(self, slot: int, exc: Exception, lane: Lane, pass_: int) -> bool:
+        """Reports exc in place of the slot's batch: whether the lane's
         pass goes on after it (here: it ends there)."""
         self._report(slot, exc, 0, pass_)
         return False
 
-    def _new_pass(self, drawn: int) -> None:
-        """A pass begins for this worker, `drawn` items of its stream
-        already delivered (a resumed state's)."""
-
     def run(self, first: First) -> None:
         """`first`: the iterator and first item (a batch, or a sample of a
-        sample stream) that inferred the spec."""
+        sample stream) that inferred the spec, its first lane's."""
         ring = self.ring
         cfg = self.cfg
-        wid = self.wid
-        take = self._take_turn if cfg.turns else self._take_next
+        lanes = self.lanes
         make = self._make
         # `first`, its open iterator and a state's items belong to the
         # ring's pass 0, whatever pass the consumer has reached by the time
         # this worker starts (a slow worker_init, a `break` meanwhile): a
-        # later pass opens a fresh stream and resumes nothing.
+        # later pass opens fresh streams and resumes nothing.
         pass_ = 0
-        it: Iterator[Any] | None = None
-        held = NOTHING
-        if first is not None:
-            it, held = first
-        resume = cfg.resume_items  # items of pass 0 delivered before a state
+        lanes.begin_pass(True)
+        if first is not None and lanes.lanes:
+            lanes.lanes[0].it, lanes.lanes[0].held = first
         while True:
-            slot, current, wait_ns = take(pass_)
+            lane, slot, current, wait_ns = self._take(pass_)
             if slot < 0:
                 return
             t0 = time.perf_counter_ns()
-            if current != pass_ or it is None:
-                # A new pass (or the first): abandon the old iterator, and
-                # the item it made before the ring existed.
-                if current != pass_:
-                    held = NOTHING
-                pass_, it = current, None
-                self._new_pass(0)
+            if current != pass_:
+                pass_ = current
+            lanes.enter(lane)
             try:
-                if it is None:
-                    it = open_stream(cfg, pass_)
-                if resume and pass_ == 0:
-                    skip, resume = resume, 0
-                    self._new_pass(skip)
-                    if held is not NOTHING:
-                        held, skip = NOTHING, skip - 1
-                    pass_over(it, skip)
-                item, held = held, NOTHING
-                rows, record = make(it, item, slot)
+                if self._init_error is not None:
+                    self._stop_lane(slot, lane, pass_)
+                    continue
+                if lane.it is None:
+                    lane.it = open_stream(cfg, pass_, lane.id)
+                if lane.skip:
+                    skip, lane.skip = lane.skip, 0
+                    lane.drawn = skip
+                    if lane.held is not NOTHING:
+                        lane.held, skip = NOTHING, skip - 1
+                    pass_over(lane.it, skip)
+                item, lane.held = lane.held, NOTHING
+                rows, record = make(lane, item, slot)
             except StopIteration:
-                if not ring.publish(slot, SLOT_END, 0, pass_, wid):
+                lane.live = False
+                if not ring.publish(slot, SLOT_END, 0, pass_, lane.id):
                     return
-                if not self._wait_for_next_pass(pass_):
-                    return
-                it = None
                 continue
             except Exception as exc:
-                if self._failed(slot, exc, it, pass_):
-                    continue
-                # The error ends this worker's pass. A loop that stopped
-                # before reaching it (a `break`) starts another pass: join
-                # it with a fresh iterator, as after an end of stream.
-                if not self._wait_for_next_pass(pass_):
-                    return
-                it = None
+                if not self._failed(slot, exc, lane, pass_):
+                    # The error ends the lane's pass. A loop that stopped
+                    # before reaching it (a `break`) starts another pass:
+                    # the lane joins it with a fresh iterator.
+                    lane.live = False
                 continue
-            ring.batch_done(wid, time.perf_counter_ns() - t0, wait_ns)
-            if not ring.publish(slot, SLOT_BATCH, rows, pass_, wid, 0, record):
+            ring.batch_done(self.wid, time.perf_counter_ns() - t0, wait_ns)
+            if not ring.publish(slot, SLOT_BATCH, rows, pass_, lane.id, 0, record):
                 return
 
-    def _take_next(self, pass_: int) -> tuple[int, int, int]:
-        """(slot, the ring's pass, wait_ns) for the next task in the ring's
-        order; slot < 0 once the ring is closed."""
-        slot, _, wait_ns = self._take_slot()
-        return slot, (pass_ if slot < 0 else self.ring.pass_), wait_ns
+    def _stop_lane(self, slot: int, lane: Lane, pass_: int) -> None:
+        """A worker_init that failed, in place of the lane's items: its
+        error in the first lane's first slot, then (in turns) an end
+        marker in each lane's next, so the pass ends in order."""
+        assert self._init_error is not None
+        first = lane is self.lanes.lanes[0]
+        if first and not lane.reported:
+            lane.reported = True
+            self._report(slot, self._init_error, UNKNOWN_SAMPLE, pass_)
+            if not self.cfg.turns:
+                # Without turns the error ends this worker's pass.
+                for other in self.lanes.lanes:
+                    other.live = False
+            return
+        lane.live = False
+        self.ring.publish(slot, SLOT_END, 0, pass_, lane.id)
 
-    def _take_turn(self, pass_: int) -> tuple[int, int, int]:
-        """(slot, pass, wait_ns) for this worker's next turn (fastq._core._turns);
-        whatever the slot carries uses the turn up."""
-        slot, current, turn, wait_ns = take_turn(
-            self.ring, self.wid, self.cfg.num_workers, pass_, self.turn
-        )
-        self.turn = turn + 1
-        return slot, current, wait_ns
+    def _take(self, pass_: int) -> tuple[Lane, int, int, int]:
+        """(lane, slot, the ring's pass, wait_ns) for the next item this
+        worker makes; slot < 0 once the ring is closed. A new pass begins
+        every lane afresh; with no live lane left, it waits for one."""
+        ring = self.ring
+        lanes = self.lanes
+        turns = self.cfg.turns
+        t0 = time.perf_counter_ns()
+        while True:
+            current = ring.pass_
+            if current != pass_:
+                pass_ = current
+                lanes.begin_pass(False)
+            lane = lanes.next_lane(turns)
+            if lane is None:
+                if not self._wait_for_next_pass(pass_):
+                    return _NO_LANE, -1, pass_, 0
+                continue
+            if not turns:
+                slot = ring.pop_free(self.wid)
+                if slot < 0:
+                    return lane, slot, pass_, 0
+                if ring.pass_ != pass_:
+                    # The slot serves the new pass's first item instead.
+                    pass_ = ring.pass_
+                    lanes.begin_pass(False)
+                    lane = lanes.next_lane(turns)
+                    assert lane is not None
+                ring.claim_task(slot)
+                return lane, slot, pass_, time.perf_counter_ns() - t0
+            # The task is granted before a slot is taken, so a worker holds
+            # no slot while it waits for its turn (fastq/_core/_turns.py).
+            task = turn_task(pass_, lane.turn, lane.id, lanes.count)
+            if not ring.wait_planned(task):
+                return lane, -1, pass_, 0
+            if ring.pass_ != pass_:
+                continue  # a new pass's grant woke it: its first turns then
+            slot = ring.pop_free(self.wid)
+            if slot < 0:
+                return lane, slot, pass_, 0
+            ring.record_task(slot, task)
+            lane.turn += 1
+            return lane, slot, pass_, time.perf_counter_ns() - t0
 
     def _wait_for_next_pass(self, pass_: int) -> bool:
         """Sleeps until the consumer starts another pass; False if closed."""
@@ -144,44 +183,15 @@ class _Stream(Producer):
             ring.wait_control(seen, 1.0)
 
     def report_and_stop(self, exc: BaseException) -> None:
-        """Reports a failure outside any batch (worker_init) in each pass:
-        a pass that a `break` abandoned before the report must not leave
-        the next one waiting for this worker's end of stream. Idles until
-        the consumer closes the ring."""
-        if self.cfg.turns:
-            self._report_in_turns(exc)
-            self._idle_until_closed()
-            return
-        while True:
-            slot, pass_, _ = self._take_next(0)
-            if slot < 0:
-                return
-            self._report(slot, exc, UNKNOWN_SAMPLE, pass_)  # at no sample
-            if not self._wait_for_next_pass(pass_):
-                break
-        self._idle_until_closed()
+        """Reports a failure outside any batch (worker_init) in each pass,
+        in place of the first lane's first item: a pass that a `break`
+        abandoned before the report must not leave the next one waiting
+        for this worker's end of stream. Returns once the ring closes."""
+        self._init_error = exc
+        self.run(None)
 
-    def _report_in_turns(self, exc: BaseException) -> None:
-        """report_and_stop for turns: in each pass, the error in this
-        worker's first turn, then its end marker in the next."""
-        pass_ = 0
-        first = turn = self.cfg.first_turn
-        while True:
-            slot, current, turn, _ = take_turn(
-                self.ring, self.wid, self.cfg.num_workers, pass_, turn
-            )
-            if slot < 0:
-                return
-            if current != pass_:
-                pass_, first = current, 0
-            if turn == first:
-                self._report(slot, exc, UNKNOWN_SAMPLE, pass_)
-                turn += 1
-                continue
-            if not self.ring.publish(slot, SLOT_END, 0, pass_, self.wid):
-                return
-            if not self._wait_for_next_pass(pass_):
-                return
+
+_NO_LANE = Lane(-1, None, None)  # type: ignore[arg-type]
 
 
 class BatchStream(_Stream):
@@ -192,8 +202,8 @@ class BatchStream(_Stream):
         super().__init__(ring, cfg, info)
         self.views = field_views(ring, self.spec)
 
-    def _make(self, it: Iterator[Any], item: Any, slot: int) -> tuple[int, int]:
-        batch = next(it) if item is NOTHING else item
+    def _make(self, lane: Lane, item: Any, slot: int) -> tuple[int, int]:
+        batch = next(lane.it) if item is NOTHING else item  # type: ignore[arg-type]
         spec = self.spec
         rows, arrays = spec.batch_arrays(batch)
         for i, (view, arr) in enumerate(zip(self.views[slot], arrays)):
@@ -214,14 +224,12 @@ class PackedStream(_Stream):
         self.slots = slot_arrays(ring)
         self.codec: Codec = cfg.source.codec
 
-    def _make(self, it: Iterator[Any], item: Any, slot: int) -> tuple[int, int]:
-        batch = next(it) if item is NOTHING else item
+    def _make(self, lane: Lane, item: Any, slot: int) -> tuple[int, int]:
+        batch = next(lane.it) if item is NOTHING else item  # type: ignore[arg-type]
         # Not made into the slot (the iterator ran before it was known).
         return pack(batch, self.slots[slot], self.codec)
 
-    def _failed(
-        self, slot: int, exc: Exception, it: Iterator[Any] | None, pass_: int
-    ) -> bool:
+    def _failed(self, slot: int, exc: Exception, lane: Lane, pass_: int) -> bool:
         self._report(slot, exc, 0, pass_)
         return True
 
@@ -241,34 +249,28 @@ class SampleStream(_Stream):
         self.rows.row = -1
         self.batch_rows = cfg.stream_rows
         self.drop_last = cfg.drop_last
-        self.drawn = 0  # samples taken from this pass's stream before this batch
-        self.ended = False  # the stream ended inside its last batch
 
-    def _new_pass(self, drawn: int) -> None:
-        self.drawn, self.ended = drawn, False
-        self.rows.row = -1
-
-    def _make(self, it: Iterator[Any], item: Any, slot: int) -> tuple[int, int]:
+    def _make(self, lane: Lane, item: Any, slot: int) -> tuple[int, int]:
         writer = self.rows
         writer.row = -1
         rows = 0
-        if not self.ended:
+        it = lane.it
+        if not lane.ended:
             views = self.views[slot]
             start = 0
             if item is not NOTHING:  # the sample that inferred the spec
                 writer.write_samples(lambda _: item, [0], views)
                 start = 1
             rows = writer.write_stream(it, start, self.batch_rows, views)
-        self.ended = ended = rows < self.batch_rows
+        lane.ended = ended = rows < self.batch_rows
         if rows == 0 or (ended and self.drop_last):
             raise StopIteration  # nothing (more) to deliver
-        self.drawn += rows
+        lane.drawn += rows
         return rows, 0
 
-    def _failed(
-        self, slot: int, exc: Exception, it: Iterator[Any] | None, pass_: int
-    ) -> bool:
-        self._report(slot, exc, _stream_position(it, self.drawn, self.rows.row), pass_)
+    def _failed(self, slot: int, exc: Exception, lane: Lane, pass_: int) -> bool:
+        place = _stream_position(lane.it, lane.drawn, self.rows.row)
+        self._report(slot, exc, place, pass_)
         return False
 
 

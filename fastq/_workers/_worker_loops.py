@@ -67,7 +67,12 @@ class Producer:
         whose making failed, or UNKNOWN_SAMPLE for a whole-batch call."""
         payload = _report.encode(exc, self.ring.slot_bytes)
         memoryview(self.ring.slot_view(slot))[: len(payload)] = payload
-        self.ring.publish(slot, SLOT_ERROR, 0, pass_, self.wid, sample, len(payload))
+        who = self._item_of()
+        self.ring.publish(slot, SLOT_ERROR, 0, pass_, who, sample, len(payload))
+
+    def _item_of(self) -> int:
+        """Whose item a published slot is (a stream's: its lane's)."""
+        return self.wid
 
     def report_and_stop(self, exc: BaseException) -> None:
         """Reports a failure outside any batch (worker_init) in place of one

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 _PR_SET_PDEATHSIG = 1
 # torch's seeds as DataLoader's are: below 2**63, so torch.initial_seed()
 # fits the int64 a dataset may put in a tensor.
-_TORCH_SEED_MASK = (1 << 63) - 1
+TORCH_SEED_MASK = (1 << 63) - 1
 # No item: none was made, or it was delivered.
 NOTHING: Any = object()
 
@@ -45,9 +45,11 @@ def set_up(cfg: WorkerConfig) -> tuple[WorkerInfo, Exception | None]:
         _die_with_consumer(cfg.consumer_pid, cfg.death_signal)
         if cfg.threads is not None:
             limit_threads(cfg.threads)
+    # A stream's iterators see its lanes (NOTE [ A stream's lanes ] in
+    # fastq/_workers/_lanes.py); this process's first lane is its own id.
     info = WorkerInfo(
         cfg.worker_id,
-        cfg.num_workers,
+        cfg.streams or cfg.num_workers,
         cfg.seed,
         cfg.rank,
         cfg.world_size,
@@ -55,7 +57,7 @@ def set_up(cfg: WorkerConfig) -> tuple[WorkerInfo, Exception | None]:
     )
     _set_worker_info(info, cfg.in_thread)
     if not cfg.in_thread:
-        _seed_globals(cfg.seed, cfg.worker_id)
+        seed_globals(cfg.seed, cfg.worker_id)
         if not cfg.packed:  # fastq.torch.DataLoader's workers do it their way
             _answer_for_torch(info)
     if cfg.packed:
@@ -125,8 +127,10 @@ class _FirstItems:
                 item = cfg.source.make(plan.indices)
                 scale = cfg.max_rows / max(1, len(plan.indices))
             else:
+                if cfg.worker_id >= (cfg.streams or cfg.num_workers):
+                    raise StopIteration  # a process with no lane
                 if self.it is None:
-                    self.it = open_stream(cfg, 0)
+                    self.it = open_stream(cfg, 0, cfg.worker_id)
                 item = next(self.it)  # a sample, in a sample stream
                 scale = 1.0
             if cfg.packed:
@@ -185,14 +189,15 @@ class KeptError:
 # ---------------------------------- shared by the first items and the loops
 
 
-def open_stream(cfg: WorkerConfig, ring_pass: int) -> Iterator[Any]:
+def open_stream(cfg: WorkerConfig, ring_pass: int, lane: int) -> Iterator[Any]:
+    """Lane ``lane``'s iterator in the ring's pass ``ring_pass``."""
     return worker_stream(
         cfg.source,
         shuffle_buffer=cfg.shuffle_buffer,
         seed=cfg.seed,
         pass_=cfg.first_pass + ring_pass,
         rank=cfg.rank,
-        worker_id=cfg.worker_id,
+        worker_id=lane,
     )
 
 
@@ -202,7 +207,7 @@ def seed_batch(cfg: WorkerConfig, plan: Plan) -> None:
     if not cfg.in_thread:
         seed_python_and_numpy(cfg.seed, plan.epoch, plan.batch)
     if cfg.packed:
-        cfg.source.reseed(mix_seed(cfg.seed, plan.epoch, plan.batch) & _TORCH_SEED_MASK)
+        cfg.source.reseed(mix_seed(cfg.seed, plan.epoch, plan.batch) & TORCH_SEED_MASK)
 
 
 # ------------------------------------------------------------- the process
@@ -313,10 +318,10 @@ def _watch_consumer(pid: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _seed_globals(seed: int, worker_id: int) -> None:
+def seed_globals(seed: int, worker_id: int) -> None:
     """Once per worker: every global generator, torch's included, from
     (seed, worker id); the epoch slot 1 << 33 is one no batch has."""
     seed_python_and_numpy(seed, 1 << 33, worker_id)
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.manual_seed(mix_seed(seed, 1 << 33, worker_id) & _TORCH_SEED_MASK)
+        torch.manual_seed(mix_seed(seed, 1 << 33, worker_id) & TORCH_SEED_MASK)
