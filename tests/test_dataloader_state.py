@@ -145,8 +145,10 @@ def test_a_state_of_another_dataset_is_refused() -> None:
     state = {**loader.state_dict(), "batches": 5}
     with pytest.raises(fastq.ConfigError, match="batch_size"):
         loader.load_state_dict(state)
-    with pytest.raises(TypeError, match="IterableDataset's place"):
-        DataLoader(Sharded(8), num_workers=1).state_dict()
+    with pytest.raises(
+        fastq.ConfigError, match=r"over an IterableDataset.*DataLoader/1"
+    ):
+        DataLoader(Sharded(8), num_workers=1).load_state_dict(loader.state_dict())
 
 
 def test_a_state_of_another_world_size_names_both_and_the_reshard() -> None:

@@ -21,6 +21,7 @@ from .._core._turns import Turns
 from .._layout._packing import Codec, PackedSpec, unpack
 from .._loop._engine import Engine, SlotPinning, in_main_thread
 from .._loop._planner import Planner
+from .._make._state import StreamResume
 from .._make._worker_info import WorkerInfo
 from .._workers._config import WorkerConfig
 from ..errors import RingError
@@ -81,6 +82,8 @@ class PlannedLoader(Face):
         convert: Callable[[Any], Any] | None = None,
         first_batch: int = 0,
         pinning: Callable[[], SlotPinning] | None = None,
+        streams: int = 0,
+        stream_resume: StreamResume | None = None,
     ) -> None:
         self._pid = os.getpid()
         self._closed = True
@@ -95,9 +98,13 @@ class PlannedLoader(Face):
         self._max_bytes = slot_bytes
         self._live = 0  # the current loop's token until the Feed exists
         self._passes = 0
-        # An iterable source in order: the workers' batches come in turn,
-        # as DataLoader's in_order gives them (fastq/_core/_turns.py).
-        self._turns = first is None and ordered and workers > 1
+        # An iterable source's lanes (NOTE [ A stream's lanes ] in
+        # fastq/_workers/_lanes.py): a resumed state's, else one per worker;
+        # in order, their batches come in turn, as DataLoader's in_order
+        # gives its workers' (fastq/_core/_turns.py).
+        self.streams = 0 if first is not None else streams or workers
+        self._stream_resume = stream_resume
+        self._turns = first is None and ordered and self.streams > 1
         self._planner: Planner | None = None
         round_: list[Plan] = []
         if first is not None:
@@ -141,6 +148,8 @@ class PlannedLoader(Face):
                 max_rows=max_rows,
                 packed=True,
                 turns=self._turns,
+                streams=self.streams,
+                resume_items=None if stream_resume is None else stream_resume.items,
             )
             for w in range(workers)
         ]
@@ -195,7 +204,7 @@ class PlannedLoader(Face):
             layout = PlanLayout.for_batches(ring_bytes, self._entries, self.max_rows)
         ring = engine.build_ring(
             ring_slots,
-            workers,
+            max(workers, self.streams),  # an iterable's items count by lane
             spec.slot_bytes,
             0 if layout is None else layout.nbytes,
         )
@@ -217,10 +226,23 @@ class PlannedLoader(Face):
             copy=False,
             fatal_errors=False,
             indices_of=None if planner is None else planner.indices.get,
+            streams=self.streams,
         )
         feed.live = self._live  # the current loop goes on over the ring
+        resume = self._stream_resume
+        if resume is not None:
+            feed.passes.resume_at(resume)
         if self._turns:
-            feed.turns = Turns(ring, feed.consumer, self._prober.turns_used)
+            used = self._prober.turns_used
+            feed.turns = Turns(
+                ring,
+                feed.consumer,
+                [
+                    (0 if resume is None else resume.items[v])
+                    + (used[v] if v < workers else 0)
+                    for v in range(self.streams)
+                ],
+            )
         if planner is not None:
             feed.consumer.next_task = kept[0][1].task
             self._fill()

@@ -25,12 +25,17 @@ import torch.utils.data
 from .._faces._arguments import as_int, positive_int
 from .._faces._planned import PlannedLoader
 from .._faces._prefetcher import default_workers
+from .._make._state import StreamResume
 from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
 from . import _image_decode
 from ._decode_stage import collate_encoded
 from ._decoders import DEFAULT_BACKEND
 from ._image_decode import ImageDecode, encoded_slot_bytes
-from ._loader_engine import new_engine, warn_as_dataloader_pins
+from ._loader_engine import (
+    new_engine,
+    rank_and_world_size,
+    warn_as_dataloader_pins,
+)
 from ._loader_iterator import (
     DataLoaderTimeout,
     LoaderIterator,
@@ -45,6 +50,7 @@ from ._loader_state import (
     replay_sampler,
     saved_state,
 )
+from ._stream_state import checked_stream_state, saved_stream_state
 
 __all__ = ["DataLoader", "DataLoaderTimeout"]
 
@@ -176,6 +182,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # loop begun from it (which then holds it) delivers a batch.
         self._loaded: dict[str, Any] | None = None
         self._seed_from_state = False
+        # An IterableDataset's lanes, fixed by a loaded state (None: one per
+        # worker), and where the next engine resumes them.
+        self._streams: int | None = None
+        self._stream_resume: StreamResume | None = None
         # The current epoch's loop, weakly: the loop refers to this loader,
         # and a cycle would keep both (and the workers) alive after the
         # loop is dropped, until a garbage-collector pass.
@@ -274,11 +284,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if resume is not None and resume["seed"] is not None:
             generator.set_state(decode_rng(resume["rng_state"]))
         if self._dataset_kind != MAP_STYLE:
+            rng = generator.get_state()  # after the base seed's draw
             if engine is None:
                 engine = self._start(None, epoch)
+                self._stream_resume = None  # the new engine's, once
                 if engine is None:
-                    return self._register(LoaderIterator(self, iter(())))
-            return self._register(LoaderIterator(self, self._decoded(iter(engine))))
+                    return self._loop(iter(()), epoch, 0, rng)
+            return self._loop(self._decoded(iter(engine)), epoch, 0, rng)
         rng = generator.get_state()  # as the sampler starts to draw
         skip = 0 if resume is None else int(resume["batches_done"])
         batches = iter(self._index_sampler)
@@ -337,7 +349,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         generator's state as the epoch began. ``load_state_dict`` in a new
         process continues with the rest of that epoch and every later one,
         bit-identical to a run that never stopped, with any
-        ``num_workers > 0``."""
+        ``num_workers > 0``. For an IterableDataset: the epoch and each of
+        its iterators' batches delivered, resumed with any
+        ``num_workers > 0`` in the same order (``fastq/torch/_stream_state.py``)."""
+        if self._dataset_kind != MAP_STYLE and self.num_workers > 0:
+            return self._stream_state()
         check_stateful(self)
         if self._loaded is not None:  # loaded, no loop begun from it yet
             return dict(self._loaded)
@@ -360,6 +376,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         to the state it had when that epoch began, as the uninterrupted run
         had it. A loop begun before this call ends with a ConfigError at
         its next batch (it would otherwise silently restart)."""
+        if self._dataset_kind != MAP_STYLE and self.num_workers > 0:
+            self._load_stream_state(state)
+            return
         check_stateful(self)
         done = checked_batches_done(self, state)
         live = self._current_loop()
@@ -381,6 +400,58 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if not self.persistent_workers:
             self._seed, self._seed_from_state = None, False
         self.set_epoch(state["epoch"] + 1)
+
+    def _stream_state(self) -> dict[str, Any]:
+        """state_dict() of an IterableDataset: each lane's batches of the
+        epoch delivered (NOTE [ A stream's lanes ] in fastq/_workers/_lanes.py)."""
+        rank, world_size = rank_and_world_size()
+        live = self._current_loop()
+        engine = self._engine
+        lanes = self._streams or self.num_workers
+        if live is not None and live.in_epoch:
+            items = [0] * lanes
+            if engine is not None:
+                lanes = engine.streams
+                feed = engine._feed
+                items = [0] * lanes if feed is None else feed.stream_place().items
+            return saved_stream_state(
+                self,
+                epoch=live.epoch,
+                items=items,
+                lanes=lanes,
+                seed=live.seed,
+                rng=live.rng,
+                rank=rank,
+                world_size=world_size,
+            )
+        # Between epochs: the next starts as the uninterrupted run's.
+        persistent = self.persistent_workers and engine is not None
+        return saved_stream_state(
+            self,
+            epoch=self._epoch,
+            items=None,
+            lanes=lanes if engine is None else engine.streams,
+            seed=self._seed if persistent else None,
+            rng=(self.generator or torch.default_generator).get_state(),
+            rank=rank,
+            world_size=world_size,
+        )
+
+    def _load_stream_state(self, state: dict[str, Any]) -> None:
+        """load_state_dict() of an IterableDataset: the next iter() starts
+        its workers on the state's lanes, each past its batches."""
+        rank, world_size = rank_and_world_size()
+        loaded = checked_stream_state(self, state, rank=rank, world_size=world_size)
+        live = self._current_loop()
+        if live is not None:
+            live.superseded = True
+        self.close()  # workers restart on the state's lanes and seed
+        self._streams = loaded.lanes
+        self._stream_resume = loaded.place
+        self._seed = loaded.seed
+        self._seed_from_state = loaded.seed is not None
+        self._resume = {"seed": loaded.seed, "rng_state": loaded.rng_state}
+        self.set_epoch(loaded.epoch)
 
     def _current_loop(self) -> LoaderIterator | None:
         return None if self._live is None else self._live()

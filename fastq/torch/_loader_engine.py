@@ -15,6 +15,7 @@ import torch
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
 from .._faces._planned import PlannedLoader
+from .._make._state import StreamResume
 from .._workers._start_method import get_context
 from . import _image_decode
 from ._pinned import CudaRing
@@ -42,6 +43,10 @@ class LoaderArgs(Protocol):
     worker_threads: int | None
     _seed: int | None
     _images: Any  # its ImageDecode (fastq/torch/_image_decode.py)
+    # An iterable dataset's lanes (None: one per worker) and where a loaded
+    # state resumes them (NOTE [ A stream's lanes ] in fastq/_workers/_lanes.py).
+    _streams: int | None
+    _stream_resume: StreamResume | None
 
     @property
     def _auto_collation(self) -> bool: ...
@@ -69,7 +74,7 @@ def new_engine(
     workers = loader.num_workers
     prefetch = loader.prefetch_factor or 2
     convert, pinning = _pinning(loader)
-    rank, world_size = _rank_and_world_size()
+    rank, world_size = rank_and_world_size()
     return PlannedLoader(
         source,
         ctx=_context(loader.multiprocessing_context),
@@ -89,6 +94,8 @@ def new_engine(
         convert=convert,
         pinning=pinning,
         first_batch=first_batch,
+        streams=0 if batches is not None else loader._streams or 0,
+        stream_resume=None if batches is not None else loader._stream_resume,
     )
 
 
@@ -159,7 +166,7 @@ def _page_locked_ring() -> CudaRing:
     )
 
 
-def _rank_and_world_size() -> tuple[int, int]:
+def rank_and_world_size() -> tuple[int, int]:
     """For get_worker_info() only: DataLoader does not shard, its sampler
     does (DistributedSampler), so fastq.torch.DataLoader does not either."""
     dist = sys.modules.get("torch.distributed")

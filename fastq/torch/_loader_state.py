@@ -16,13 +16,11 @@ STATE_FORMAT = "fastq.torch.DataLoader/1"
 
 
 def check_stateful(loader: DataLoader[Any]) -> None:
-    if loader._dataset_kind != MAP_STYLE or loader.num_workers == 0:
+    if loader.num_workers == 0:
         raise TypeError(
             "state_dict()/load_state_dict(): fastq.torch.DataLoader saves "
-            "its place for a map-style dataset with num_workers > 0; an "
-            "IterableDataset's place is its iterator's (give it "
-            "state_dict()/load_state_dict() of its own), and "
-            "num_workers=0 runs torch's own loader"
+            "its place with num_workers > 0; num_workers=0 runs torch's own "
+            "loader"
         )
 
 
