@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 # pass too (S stays the state's). A lane's global generators (random,
 # numpy, torch) are its own: seeded from (seed, lane) as a process's are
 # from (seed, worker), and swapped in when its process turns to it, so an
-# iterator that draws from them draws what it would alone. S defaults to
+# iterator that draws from them draws what it would alone; each pass
+# seeds them again, from (seed, pass, lane), so that a pass resumed alone
+# draws what it drew after the passes before. S defaults to
 # the number of processes: then a process runs one lane, swaps nothing,
 # and is the worker it always was.
 
@@ -90,6 +92,7 @@ class Lanes:
         self.lanes = [Lane(v, *self._lane_infos(v, info, mine)) for v in ids]
         self.current = self.lanes[0] if self.lanes else None
         self._next = 0  # round robin without turns
+        self.pass_ = cfg.first_pass  # the pass number that seeds the lanes
 
     def _lane_infos(
         self, lane: int, info: WorkerInfo, torch_info: Any
@@ -106,11 +109,20 @@ class Lanes:
             )
         return own, torch_info
 
-    def begin_pass(self, ring_pass_0: bool) -> None:
-        """A pass begins: every lane opens its stream afresh. The ring's
-        first pass is the one a state resumes, and the one whose first
-        turns a worker used before the ring existed."""
+    def begin_pass(self, ring_pass: int) -> None:
+        """A pass begins: every lane opens its stream afresh, with its
+        generators seeded for the pass. The ring's first pass is the one a
+        state resumes (its generators seeded as the process started), and
+        the one whose first turns a worker used before the ring existed."""
         cfg = self.cfg
+        ring_pass_0 = ring_pass == 0
+        if not ring_pass_0:
+            self.pass_ = cfg.first_pass + ring_pass
+            for lane in self.lanes:
+                lane.rng = None
+            current = self.current
+            if current is not None and not self.in_thread:
+                seed_globals(cfg.seed, current.id, self.pass_)
         resume = cfg.resume_items if ring_pass_0 else None
         rows = cfg.stream_rows
         for k, lane in enumerate(self.lanes):
@@ -148,7 +160,7 @@ class Lanes:
             assert current is not None
             current.rng = _save_globals()
             if lane.rng is None:
-                seed_globals(self.cfg.seed, lane.id)
+                seed_globals(self.cfg.seed, lane.id, self.pass_)
             else:
                 _restore_globals(lane.rng)
         _set_worker_info(lane.info, self.in_thread)

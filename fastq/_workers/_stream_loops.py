@@ -69,7 +69,7 @@ class _Stream(Producer):
         # this worker starts (a slow worker_init, a `break` meanwhile): a
         # later pass opens fresh streams and resumes nothing.
         pass_ = 0
-        lanes.begin_pass(True)
+        lanes.begin_pass(0)
         if first is not None and lanes.lanes:
             lanes.lanes[0].it, lanes.lanes[0].held = first
         while True:
@@ -139,7 +139,7 @@ class _Stream(Producer):
             current = ring.pass_
             if current != pass_:
                 pass_ = current
-                lanes.begin_pass(False)
+                lanes.begin_pass(pass_)
             lane = lanes.next_lane(turns)
             if lane is None:
                 if not self._wait_for_next_pass(pass_):
@@ -152,7 +152,7 @@ class _Stream(Producer):
                 if ring.pass_ != pass_:
                     # The slot serves the new pass's first item instead.
                     pass_ = ring.pass_
-                    lanes.begin_pass(False)
+                    lanes.begin_pass(pass_)
                     lane = lanes.next_lane(turns)
                     assert lane is not None
                 ring.claim_task(slot)

@@ -57,7 +57,7 @@ def set_up(cfg: WorkerConfig) -> tuple[WorkerInfo, Exception | None]:
     )
     _set_worker_info(info, cfg.in_thread)
     if not cfg.in_thread:
-        seed_globals(cfg.seed, cfg.worker_id)
+        seed_globals(cfg.seed, cfg.worker_id, cfg.first_pass)
         if not cfg.packed:  # fastq.torch.DataLoader's workers do it their way
             _answer_for_torch(info)
     if cfg.packed:
@@ -318,10 +318,13 @@ def _watch_consumer(pid: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def seed_globals(seed: int, worker_id: int) -> None:
-    """Once per worker: every global generator, torch's included, from
-    (seed, worker id); the epoch slot 1 << 33 is one no batch has."""
-    seed_python_and_numpy(seed, 1 << 33, worker_id)
+def seed_globals(seed: int, worker_id: int, pass_: int = 0) -> None:
+    """Every global generator, torch's included, from (seed, worker id):
+    once per worker, and a stream's lane's again each pass (``pass_``
+    above 0), so that a pass's draws do not depend on the passes before;
+    the epoch slots from 1 << 33 are ones no batch has."""
+    seed_python_and_numpy(seed, (1 << 33) + pass_, worker_id)
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.manual_seed(mix_seed(seed, 1 << 33, worker_id) & TORCH_SEED_MASK)
+        word = mix_seed(seed, (1 << 33) + pass_, worker_id)
+        torch.manual_seed(word & TORCH_SEED_MASK)
