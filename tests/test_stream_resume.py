@@ -194,21 +194,44 @@ def test_a_prefetcher_state_of_another_source_is_refused_naming_both(
 
 
 def test_the_state_stays_small_for_ten_thousand_shards(tmp_path: Path) -> None:
-    folder = tmp_path / "many"
-    folder.mkdir()
-    files = []
-    for s in range(10_000):
-        files.append(str(folder / f"{s:05d}.npy"))
-    np.save(files[0], np.zeros((1, 1), np.int64))
-
-    class Files(sources.FileList):
-        def __iter__(self) -> Any:
-            for path in sources._mine(self.files)[:1]:
-                yield from np.load(files[0])
-
-    loader = DataLoader(Files(files), batch_size=1, num_workers=4)
+    # Its size follows the workers, never the shards: 10,000 of them (one
+    # file named 10,000 times), a state saved after the first batch.
+    shard = tmp_path / "shard.npy"
+    np.save(shard, np.arange(4, dtype=np.int64).reshape(4, 1))
+    files = [str(shard)] * 10_000
+    loader = DataLoader(sources.FileList(files), batch_size=BATCH, num_workers=4)
     it = iter(loader)
     next(it)
     text = json.dumps(loader.state_dict())
     del it
     assert len(text) <= 64 * 1024
+    with fastq.Prefetcher(
+        sources.file_samples(files), batch_size=BATCH, workers=4, seed=1
+    ) as pf:
+        it = iter(pf)
+        next(it)
+        text = json.dumps(pf.state_dict())
+        del it
+    assert len(text) <= 64 * 1024
+
+
+def test_a_dataset_that_keeps_its_place_is_asked_for_it_not_replayed() -> None:
+    data = sources.KeepsItsPlace()
+    torch.manual_seed(0)
+    full, _ = epochs(DataLoader(data, batch_size=BATCH, num_workers=WORKERS), 0)
+    torch.manual_seed(0)
+    loader = DataLoader(data, batch_size=BATCH, num_workers=WORKERS)
+    _, state = epochs(loader, 0, 7)
+    assert state["dataset_states"] == [{"place": n * BATCH} for n in state["items"]]
+    for workers in (3, 2, 4):
+        resumed = DataLoader(data, batch_size=BATCH, num_workers=workers)
+        resumed.load_state_dict(state)
+        rest, _ = epochs(resumed, 0)
+        assert [[r[0] for r in b] for b in rest] == [
+            [r[0] for r in b] for b in full[7:]
+        ]
+        # Each worker's iterator made its rest of the epoch, nothing more.
+        epoch0 = rest[: per_epoch(full) - 7]
+        for lane in range(WORKERS):
+            made = [r[1] for b in epoch0 for r in b if r[0] // 100 % WORKERS == lane]
+            assert made == list(range(1, len(made) + 1))

@@ -105,6 +105,9 @@ class PlannedLoader(Face):
         self.streams = 0 if first is not None else streams or workers
         self._stream_resume = stream_resume
         self._turns = first is None and ordered and self.streams > 1
+        self._batches.stateful = first is None and bool(
+            getattr(source, "stateful", False)
+        )
         self._planner: Planner | None = None
         round_: list[Plan] = []
         if first is not None:
@@ -150,6 +153,7 @@ class PlannedLoader(Face):
                 turns=self._turns,
                 streams=self.streams,
                 resume_items=None if stream_resume is None else stream_resume.items,
+                resume_states=None if stream_resume is None else stream_resume.states,
             )
             for w in range(workers)
         ]
@@ -333,12 +337,21 @@ class PlannedLoader(Face):
         if self._planner is not None:
             raise TypeError("a planned source is iterated with begin_epoch()")
         feed = self._engine.feed
+        self._batches.lane_states.clear()  # a new pass: no state yet
         if feed is not None:
             return feed.begin_pass(self)  # it holds this face, as each loop
         if self._passes:
             raise RuntimeError("an engine still sizing its slots serves one pass")
         self._passes += 1
         return _PassBeforeRing(self)
+
+    def lane_states(self) -> list[Any] | None:
+        """A stateful iterable's: each lane's dataset state after its last
+        batch handed out in this pass (None where none was); else None."""
+        if not self._batches.stateful:
+            return None
+        states = self._batches.lane_states
+        return [states.get(v) for v in range(self.streams)]
 
     def next_before_ring(self) -> None:
         """The next item while sizing (FirstBatchProber.next_item): a first
@@ -402,6 +415,10 @@ class _PackedBatches:
         self._keep_limit = max(3, slots)
         self._convert = convert
         self.copied = 0  # batches copied because the loop kept too many
+        # A stateful iterable's batches come as (batch, its dataset's state
+        # after it): each lane's latest state handed out, for a checkpoint.
+        self.stateful = False
+        self.lane_states: dict[int, Any] = {}
 
     def make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
         raise RingError("a DataLoader's slots hold packed batches only")
@@ -409,6 +426,8 @@ class _PackedBatches:
     def unpack(self, lease: SlotLease) -> Any:
         slot = np.frombuffer(memoryview(lease), dtype=np.uint8)
         batch = unpack(slot, lease.payload_bytes, self._codec)
+        if self.stateful:
+            batch, self.lane_states[lease.worker] = batch
         engine = self._engine
         pinning = engine.pinning
         if engine.held_by_loop() >= self._keep_limit:

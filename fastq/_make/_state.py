@@ -237,6 +237,9 @@ class StreamResume:
 
     pass_: int
     items: list[int]
+    # A stateful source's own state at each lane's place (None where it
+    # has none; fastq.torch's IterableDataset of a Stateful dataset).
+    states: list[Any] | None = None
 
     @property
     def lanes(self) -> int:

@@ -70,6 +70,9 @@ class WorkerConfig:
     # delivered before it (one count per lane; None: none), which its first
     # pass passes over, and the pass number the ring's first pass stands for.
     resume_items: list[int] | None = None
+    # A stateful source's own state at each lane's place (None where it
+    # has none): loaded into the lane's copy instead of passing over items.
+    resume_states: list[Any] | None = None
     first_pass: int = 0
     # A packed stream delivered in order: the workers' items come in turn
     # (fastq/_core/_turns.py), this worker's from `first_turn` in the ring's

@@ -53,15 +53,25 @@ class Lane:
         "info",
         "it",
         "live",
+        "pass_source",
         "reported",
         "rng",
         "skip",
+        "source",
+        "state",
         "torch_info",
         "turn",
     )
 
-    def __init__(self, lane: int, info: WorkerInfo, torch_info: Any) -> None:
+    def __init__(
+        self, lane: int, info: WorkerInfo, torch_info: Any, source: Any
+    ) -> None:
         self.id = lane
+        # Its source: the worker's, or a copy of its own where the source
+        # keeps its place itself (a Stateful dataset), and this pass's (a
+        # copy with a saved state loaded, in a resumed pass).
+        self.source = self.pass_source = source
+        self.state: Any = None  # a saved state to load, in a resumed pass
         self.info = info
         self.torch_info = torch_info
         self.rng: tuple[Any, Any, Any] | None = None  # its generators, swapped out
@@ -89,23 +99,32 @@ class Lanes:
         self.own_globals = not cfg.in_thread and len(ids) > 1
         self._torch = None if cfg.in_thread else _torch_worker_module()
         mine = None if self._torch is None else self._torch._worker_info
-        self.lanes = [Lane(v, *self._lane_infos(v, info, mine)) for v in ids]
+        self.lanes = []
+        for v in ids:
+            source = cfg.source
+            if v != cfg.worker_id and _keeps_place(source):
+                source = source.for_lane()
+            own, torch_info = self._lane_infos(v, info, mine, source)
+            self.lanes.append(Lane(v, own, torch_info, source))
         self.current = self.lanes[0] if self.lanes else None
         self._next = 0  # round robin without turns
         self.pass_ = cfg.first_pass  # the pass number that seeds the lanes
 
     def _lane_infos(
-        self, lane: int, info: WorkerInfo, torch_info: Any
+        self, lane: int, info: WorkerInfo, torch_info: Any, source: Any
     ) -> tuple[WorkerInfo, Any]:
         if lane == self.cfg.worker_id:
             return info, torch_info
         own = dataclasses.replace(info, id=lane, _rng=None)
         if torch_info is not None:
+            dataset = torch_info.dataset
+            if source is not self.cfg.source:
+                dataset = getattr(source, "dataset", dataset)
             torch_info = type(torch_info)(
                 id=lane,
                 num_workers=torch_info.num_workers,
                 seed=mix_seed(self.cfg.seed, 1 << 33, lane) & TORCH_SEED_MASK,
-                dataset=torch_info.dataset,
+                dataset=dataset,
             )
         return own, torch_info
 
@@ -124,9 +143,12 @@ class Lanes:
             if current is not None and not self.in_thread:
                 seed_globals(cfg.seed, current.id, self.pass_)
         resume = cfg.resume_items if ring_pass_0 else None
+        states = cfg.resume_states if ring_pass_0 else None
         rows = cfg.stream_rows
         for k, lane in enumerate(self.lanes):
             lane.it, lane.held = None, NOTHING
+            lane.pass_source = lane.source
+            lane.state = None if states is None else states[lane.id]
             lane.live, lane.drawn, lane.ended, lane.reported = True, 0, False, False
             lane.skip = 0 if resume is None else resume[lane.id]
             lane.turn = resume_turn(lane.skip, rows)
@@ -169,6 +191,26 @@ class Lanes:
         self.current = lane
 
 
+def _keeps_place(source: Any) -> bool:
+    """A source whose dataset keeps its own place (torchdata's Stateful:
+    ``state_dict()`` and ``load_state_dict()``), so each lane needs a copy
+    of its own (fastq.torch's IterableSource says so)."""
+    return bool(getattr(source, "stateful", False))
+
+
+def resume_source(lane: Lane) -> None:
+    """Before a resumed lane opens its stream: a stateful source loads the
+    lane's saved state into a copy, used for this pass alone (a dataset may
+    keep a loaded state for its next iterators too), instead of the lane's
+    passing over its items."""
+    if lane.state is None or not _keeps_place(lane.source):
+        return
+    source = lane.source.for_lane()
+    source.load_lane_state(lane.state)
+    lane.pass_source, lane.state = source, None
+    lane.it, lane.held, lane.skip = None, NOTHING, 0
+
+
 def _torch_worker_module() -> Any:
     return sys.modules.get("torch.utils.data._utils.worker")
 
@@ -191,4 +233,4 @@ def _restore_globals(saved: tuple[Any, Any, Any]) -> None:
         torch.set_rng_state(torch_state)
 
 
-__all__ = ["Lane", "Lanes"]
+__all__ = ["Lane", "Lanes", "resume_source"]

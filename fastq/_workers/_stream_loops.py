@@ -17,7 +17,7 @@ from .._layout._packing import Codec, pack
 from .._layout._rows import RowWriter, copy_rows
 from .._make._streams import ShuffleBuffer
 from .._make._worker_info import WorkerInfo
-from ._lanes import Lane, Lanes
+from ._lanes import Lane, Lanes, resume_source
 from ._worker_loops import First, Producer, field_views, slot_arrays
 from ._worker_setup import NOTHING, open_stream
 
@@ -84,8 +84,10 @@ class _Stream(Producer):
                 if self._init_error is not None:
                     self._stop_lane(slot, lane, pass_)
                     continue
+                if lane.state is not None:
+                    resume_source(lane)
                 if lane.it is None:
-                    lane.it = open_stream(cfg, pass_, lane.id)
+                    lane.it = open_stream(cfg, pass_, lane.id, lane.pass_source)
                 if lane.skip:
                     skip, lane.skip = lane.skip, 0
                     lane.drawn = skip
@@ -191,7 +193,7 @@ class _Stream(Producer):
         self.run(None)
 
 
-_NO_LANE = Lane(-1, None, None)  # type: ignore[arg-type]
+_NO_LANE = Lane(-1, None, None, None)  # type: ignore[arg-type]
 
 
 class BatchStream(_Stream):

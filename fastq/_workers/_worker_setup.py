@@ -189,10 +189,13 @@ class KeptError:
 # ---------------------------------- shared by the first items and the loops
 
 
-def open_stream(cfg: WorkerConfig, ring_pass: int, lane: int) -> Iterator[Any]:
-    """Lane ``lane``'s iterator in the ring's pass ``ring_pass``."""
+def open_stream(
+    cfg: WorkerConfig, ring_pass: int, lane: int, source: Any = None
+) -> Iterator[Any]:
+    """Lane ``lane``'s iterator over ``source`` (None: the worker's) in the
+    ring's pass ``ring_pass``."""
     return worker_stream(
-        cfg.source,
+        cfg.source if source is None else source,
         shuffle_buffer=cfg.shuffle_buffer,
         seed=cfg.seed,
         pass_=cfg.first_pass + ring_pass,

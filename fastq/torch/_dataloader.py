@@ -409,16 +409,18 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         engine = self._engine
         lanes = self._streams or self.num_workers
         if live is not None and live.in_epoch:
-            items = [0] * lanes
+            items, states = [0] * lanes, None
             if engine is not None:
                 lanes = engine.streams
                 feed = engine._feed
                 items = [0] * lanes if feed is None else feed.stream_place().items
+                states = engine.lane_states()
             return saved_stream_state(
                 self,
                 epoch=live.epoch,
                 items=items,
                 lanes=lanes,
+                dataset_states=states,
                 seed=live.seed,
                 rng=live.rng,
                 rank=rank,
@@ -431,6 +433,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             epoch=self._epoch,
             items=None,
             lanes=lanes if engine is None else engine.streams,
+            dataset_states=None,
             seed=self._seed if persistent else None,
             rng=(self.generator or torch.default_generator).get_state(),
             rank=rank,

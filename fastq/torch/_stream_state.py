@@ -37,6 +37,7 @@ def saved_stream_state(
     epoch: int,
     items: list[int] | None,
     lanes: int,
+    dataset_states: list[Any] | None,
     seed: int | None,
     rng: torch.Tensor,
     rank: int,
@@ -51,6 +52,9 @@ def saved_stream_state(
         "epoch": epoch,
         "items": None if items is None else list(items),
         "workers": lanes,
+        # A Stateful dataset's own state_dict() in each worker, after its
+        # last batch delivered (None where it delivered none).
+        "dataset_states": dataset_states,
         "seed": seed,
         "rng_state": base64.b64encode(rng.numpy().tobytes()).decode(),
         "source": source_name(loader.dataset),
@@ -112,8 +116,25 @@ def checked_stream_state(
         raise ConfigError(
             f"state['rng_state']={rng_state!r}: expected the text state_dict() writes"
         )
-    place = None if items is None else StreamResume(0, list(items))
+    states = state.get("dataset_states")
+    if states is not None and (not isinstance(states, list) or len(states) != lanes):
+        raise ConfigError(
+            f"state['dataset_states']: expected None or {lanes} states, one "
+            "per worker, as state_dict() writes them"
+        )
+    if states is not None and not _stateful(loader.dataset):
+        raise ConfigError(
+            "state['dataset_states']: the state holds the dataset's own "
+            f"states, but this loader's {type(loader.dataset).__name__} has no "
+            "load_state_dict(); load it into a loader over the dataset it "
+            "was saved from"
+        )
+    place = None if items is None else StreamResume(0, list(items), states)
     return LoadedStream(epoch, place, lanes, seed, rng_state)
+
+
+def _stateful(dataset: Any) -> bool:
+    return callable(getattr(dataset, "load_state_dict", None))
 
 
 __all__ = [

@@ -5,6 +5,7 @@ and torch's generator seeded per batch."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable
@@ -300,9 +301,36 @@ class IterableSource(_TorchSource):
     def make(self, indices: Sequence[Any]) -> Any:
         raise TypeError("an iterable source has no planned batches")
 
+    @property
+    def stateful(self) -> bool:
+        """The dataset keeps its own place (torchdata's Stateful protocol:
+        ``state_dict()`` and ``load_state_dict()``, as HF datasets'
+        IterableDataset has): each batch then travels as (batch, the
+        dataset's state after it), and a resumed lane loads the state
+        instead of making its batches again."""
+        dataset = self.dataset
+        return callable(getattr(dataset, "state_dict", None)) and callable(
+            getattr(dataset, "load_state_dict", None)
+        )
+
+    def for_lane(self) -> IterableSource:
+        """This source over a copy of its dataset, whose place is its own
+        (NOTE [ A stream's lanes ] in fastq/_workers/_lanes.py)."""
+        lane = copy.copy(self)
+        lane.dataset = copy.copy(self.dataset)
+        return lane
+
+    def load_lane_state(self, state: Any) -> None:
+        self.dataset.load_state_dict(state)
+
     def __call__(self) -> Iterator[Any]:
+        state_of = self.dataset.state_dict if self.stateful else None
         return _Batches(
-            iter(self.dataset), self.collate_fn, self.batch_size, self.drop_last
+            iter(self.dataset),
+            self.collate_fn,
+            self.batch_size,
+            self.drop_last,
+            state_of,
         )
 
 
@@ -318,17 +346,25 @@ class _Batches:
         collate_fn: Callable[[Any], Any],
         batch_size: int | None,
         drop_last: bool,
+        state_of: Callable[[], Any] | None = None,
     ) -> None:
         self.it = it
         self.collate_fn = collate_fn
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.ended = False
+        self.state_of = state_of  # a stateful dataset's state_dict
+
+    def __next__(self) -> Any:
+        batch = self._next_batch()
+        if self.state_of is None:
+            return batch
+        return (batch, self.state_of())
 
     def __iter__(self) -> _Batches:
         return self
 
-    def __next__(self) -> Any:
+    def _next_batch(self) -> Any:
         if self.ended:
             raise StopIteration
         size = self.batch_size

@@ -120,3 +120,32 @@ def hf_iterable() -> Any:
     ids = sample_ids()
     data = datasets.Dataset.from_dict({"id": ids})
     return data.to_iterable_dataset(num_shards=SHARDS).with_format("numpy")
+
+
+class KeepsItsPlace(torch.utils.data.IterableDataset[torch.Tensor]):
+    """A dataset that keeps its own place, as HF datasets' IterableDataset
+    does (torchdata's Stateful protocol): state_dict() after each sample,
+    and load_state_dict() that the next iterator starts from. Each sample
+    carries how many this iterator made, to tell a load from a replay."""
+
+    def __init__(self) -> None:
+        self._place = 0
+        self._start = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"place": self._place}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._start = state["place"]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        ids = [
+            s * 100 + k
+            for s in _mine(list(range(SHARDS)))
+            for k in range(shard_length(s))
+        ]
+        start, self._start = self._start, 0
+        self._place = start
+        for made, sample in enumerate(ids[start:], 1):
+            self._place += 1
+            yield torch.tensor([sample, made])
