@@ -142,10 +142,11 @@ class Prefetcher(Face):
         A ``state_dict()`` saved earlier: start where it was saved. Map-style
         sources: with its seed, the skipped batches never made; a state
         saved on another world size (any of its ranks') shards the rest of
-        its epoch across this one's ranks. Callables: each worker's stream
-        passes over the items it delivered (its iterator's ``skip(n)`` if
-        it has one), with the same number of workers; a sample stream's
-        state counts samples, and resumes with any batch size.
+        its epoch across this one's ranks. Streams: each of the state's
+        workers (lanes, which any number of worker processes runs, in the
+        same order) passes over the items it delivered (its iterator's
+        ``skip(n)`` if it has one); a sample stream's state counts
+        samples, and resumes with any batch size.
     worker_method : str
         ``"process"`` (the default) or ``"thread"``: workers are processes
         or threads of this process. Threads need no pickling and no process
@@ -352,8 +353,10 @@ class Prefetcher(Face):
         never stopped, with any number of workers. A state saved after an
         epoch's last batch resumes at the next epoch; one saved after a
         ``break`` resumes with the rest of that epoch. A stream's state is,
-        per worker, the items (a sample stream's: samples) of its stream
-        delivered in the current pass."""
+        per worker its iterators see (a lane), the items (a sample
+        stream's: samples) of its stream delivered in the current pass; it
+        resumes on any number of worker processes (NOTE [ A stream's
+        lanes ] in fastq/_workers/_lanes.py)."""
         self._check_open()
         feed = self._feed
         if self._settings.sampler is None:

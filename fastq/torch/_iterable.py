@@ -134,8 +134,8 @@ class IterableDataset(torch.utils.data.IterableDataset[Any]):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The prefetcher's ``state_dict()`` (map-style sources), for a
-        trainer that checkpoints its data like StatefulDataLoader's."""
+        """The prefetcher's ``state_dict()``, for a trainer that
+        checkpoints its data like StatefulDataLoader's."""
         return self.prefetcher.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
