@@ -235,3 +235,21 @@ def test_a_dataset_that_keeps_its_place_is_asked_for_it_not_replayed() -> None:
         for lane in range(WORKERS):
             made = [r[1] for b in epoch0 for r in b if r[0] // 100 % WORKERS == lane]
             assert made == list(range(1, len(made) + 1))
+
+
+def test_a_loaded_state_saved_again_before_a_batch_is_the_state_loaded() -> None:
+    data = sources.OwnSharded()
+    torch.manual_seed(0)
+    full, _ = epochs(DataLoader(data, batch_size=BATCH, num_workers=WORKERS), 0)
+    torch.manual_seed(0)
+    _, state = epochs(DataLoader(data, batch_size=BATCH, num_workers=WORKERS), 0, 5)
+    loader = DataLoader(data, batch_size=BATCH, num_workers=2)
+    loader.load_state_dict(state)
+    assert loader.state_dict() == state
+    it = iter(loader)  # a checkpoint at the first step after a restart
+    again = json.loads(json.dumps(loader.state_dict()))
+    del it
+    assert again == state
+    resumed = DataLoader(data, batch_size=BATCH, num_workers=4)
+    resumed.load_state_dict(again)
+    assert epochs(resumed, state["epoch"])[0] == full[5:]

@@ -99,3 +99,16 @@ def test_drop_last_shards(ranks: list[dict[str, Any]]) -> None:
 @pytest.mark.timeout(120)
 def test_adapter_shards_through_a_dataloader(ranks: list[dict[str, Any]]) -> None:
     check_padded_epochs(ranks[0]["adapter"], ranks[1]["adapter"])
+
+
+@pytest.mark.timeout(150)
+def test_ranks_with_streams_of_unequal_length_end_each_epoch_together(
+    tmp_path: Path,
+) -> None:
+    # Rank 0 has 9 samples (5 batches of 2), rank 1 has 17 (9 batches):
+    # both end each epoch after 5, and the DDP steps never wait.
+    torchrun(
+        HERE / "torch_helpers" / "ddp_streams.py", str(tmp_path), "drop", timeout=120
+    )
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["batches"] for r in ranks] == [[5, 5], [5, 5]]

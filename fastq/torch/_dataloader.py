@@ -31,6 +31,7 @@ from . import _image_decode
 from ._decode_stage import collate_encoded
 from ._decoders import DEFAULT_BACKEND
 from ._image_decode import ImageDecode, encoded_slot_bytes
+from ._even_ranks import EvenBatches, check_even_batches, ranks_group
 from ._loader_engine import (
     new_engine,
     rank_and_world_size,
@@ -111,6 +112,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         ``torch.bfloat16`` for a bf16 step).
     channels_last : bool
         The GPU-decoded images in channels-last memory format.
+    even_batches : "drop" or None
+        An IterableDataset under torch.distributed with several ranks:
+        "drop" (the default) ends every rank's epoch at the batch the
+        shortest rank ends at, so a DDP step never waits on a rank with
+        none left (one all_reduce per batch; NOTE [ Even batches across
+        ranks ] in fastq/torch/_even_ranks.py); None runs each rank's
+        stream to its end.
     """
 
     def __init__(
@@ -140,6 +148,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         decode_backend: Any = DEFAULT_BACKEND,
         decode_dtype: torch.dtype = torch.float32,
         channels_last: bool = False,
+        even_batches: str | None = "drop",
     ) -> None:
         num_workers = _workers(dataset, num_workers)
         fix = "or None for the default"
@@ -172,6 +181,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             collate_fn = collate_encoded
             if self.slot_bytes is None:
                 self.slot_bytes = encoded_slot_bytes(dataset, batch_size)
+        self.even_batches = check_even_batches(even_batches)
         self._engine: PlannedLoader | None = None
         self._epoch = 0  # the next epoch's number
         self._epoch_fixed = False  # set_epoch() named the next epoch
@@ -288,9 +298,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             if engine is None:
                 engine = self._start(None, epoch)
                 self._stream_resume = None  # the new engine's, once
-                if engine is None:
-                    return self._loop(iter(()), epoch, 0, rng)
-            return self._loop(self._decoded(iter(engine)), epoch, 0, rng)
+            stream = iter(()) if engine is None else self._decoded(iter(engine))
+            group = ranks_group() if self.even_batches else None
+            if group is not None:
+                stream = EvenBatches(stream, group)
+            return self._loop(stream, epoch, 0, rng, loaded)
         rng = generator.get_state()  # as the sampler starts to draw
         skip = 0 if resume is None else int(resume["batches_done"])
         batches = iter(self._index_sampler)
@@ -404,11 +416,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _stream_state(self) -> dict[str, Any]:
         """state_dict() of an IterableDataset: each lane's batches of the
         epoch delivered (NOTE [ A stream's lanes ] in fastq/_workers/_lanes.py)."""
+        if self._loaded is not None:  # loaded, no loop begun from it yet
+            return dict(self._loaded)
         rank, world_size = rank_and_world_size()
         live = self._current_loop()
         engine = self._engine
         lanes = self._streams or self.num_workers
         if live is not None and live.in_epoch:
+            loaded = live.as_loaded()
+            if loaded is not None:
+                return dict(loaded)
             items, states = [0] * lanes, None
             if engine is not None:
                 lanes = engine.streams
@@ -455,6 +472,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._seed_from_state = loaded.seed is not None
         self._resume = {"seed": loaded.seed, "rng_state": loaded.rng_state}
         self.set_epoch(loaded.epoch)
+        # Until a batch comes from it, the place is the state as loaded.
+        self._loaded = dict(state)
 
     def _current_loop(self) -> LoaderIterator | None:
         return None if self._live is None else self._live()

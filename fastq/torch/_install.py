@@ -171,6 +171,7 @@ def _own_options(loader: DataLoader[Any]) -> dict[str, Any]:
         "slot_bytes": loader.slot_bytes,
         "max_batch_size": loader.max_batch_size,
         "worker_threads": loader.worker_threads,
+        "even_batches": loader.even_batches,
     }
 
 
