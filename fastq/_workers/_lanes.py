@@ -14,7 +14,7 @@ import numpy as np
 from .._make._seeding import mix_seed
 from .._make._state import resume_turn
 from .._make._worker_info import WorkerInfo, _set_worker_info
-from ._worker_setup import NOTHING, TORCH_SEED_MASK, seed_globals
+from ._worker_setup import NOTHING, TORCH_SEED_MASK, keeps_place, seed_globals
 
 if TYPE_CHECKING:
     from ._config import WorkerConfig
@@ -102,7 +102,7 @@ class Lanes:
         self.lanes = []
         for v in ids:
             source = cfg.source
-            if v != cfg.worker_id and _keeps_place(source):
+            if v != cfg.worker_id and keeps_place(source):
                 source = source.for_lane()
             own, torch_info = self._lane_infos(v, info, mine, source)
             self.lanes.append(Lane(v, own, torch_info, source))
@@ -154,6 +154,8 @@ class Lanes:
             lane.turn = resume_turn(lane.skip, rows)
             if ring_pass_0 and k == 0:
                 lane.turn += cfg.first_turn
+                if cfg.first_resumed:  # its first item came after its state
+                    lane.skip, lane.state = 0, None
         self._next = 0
 
     def next_lane(self, turns: bool) -> Lane | None:
@@ -191,19 +193,12 @@ class Lanes:
         self.current = lane
 
 
-def _keeps_place(source: Any) -> bool:
-    """A source whose dataset keeps its own place (torchdata's Stateful:
-    ``state_dict()`` and ``load_state_dict()``), so each lane needs a copy
-    of its own (fastq.torch's IterableSource says so)."""
-    return bool(getattr(source, "stateful", False))
-
-
 def resume_source(lane: Lane) -> None:
     """Before a resumed lane opens its stream: a stateful source loads the
     lane's saved state into a copy, used for this pass alone (a dataset may
     keep a loaded state for its next iterators too), instead of the lane's
     passing over its items."""
-    if lane.state is None or not _keeps_place(lane.source):
+    if lane.state is None or not keeps_place(lane.source):
         return
     source = lane.source.for_lane()
     source.load_lane_state(lane.state)

@@ -130,7 +130,8 @@ class _FirstItems:
                 if cfg.worker_id >= (cfg.streams or cfg.num_workers):
                     raise StopIteration  # a process with no lane
                 if self.it is None:
-                    self.it = open_stream(cfg, 0, cfg.worker_id)
+                    source = resumed_first_source(cfg)
+                    self.it = open_stream(cfg, 0, cfg.worker_id, source)
                 item = next(self.it)  # a sample, in a sample stream
                 scale = 1.0
             if cfg.packed:
@@ -202,6 +203,29 @@ def open_stream(
         rank=cfg.rank,
         worker_id=lane,
     )
+
+
+def keeps_place(source: Any) -> bool:
+    """A source whose dataset keeps its own place (torchdata's Stateful:
+    ``state_dict()`` and ``load_state_dict()``; fastq.torch's
+    IterableSource says so): each lane iterates a copy of its own, and a
+    resumed one loads its saved state instead of passing over items."""
+    return bool(getattr(source, "stateful", False))
+
+
+def resumed_first_source(cfg: WorkerConfig) -> Any:
+    """The source a worker's first item (made before the ring) comes
+    from: the worker's own, or, for a resumed stateful one, a copy with
+    its first lane's state loaded, so that no delivered item is made
+    again (its lane then starts past its state: ``first_resumed``)."""
+    states = cfg.resume_states
+    state = None if states is None else states[cfg.worker_id]
+    if state is None or not keeps_place(cfg.source) or cfg.first_resumed:
+        return None
+    source = cfg.source.for_lane()
+    source.load_lane_state(state)
+    cfg.first_resumed = True
+    return source
 
 
 def seed_batch(cfg: WorkerConfig, plan: Plan) -> None:
