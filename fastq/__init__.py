@@ -4,6 +4,7 @@ ring of preallocated shared-memory batch slots."""
 from ._faces._prefetcher import Prefetcher
 from ._layout._jagged import Jagged, JaggedArray
 from ._layout._spec import BatchSpec
+from ._make._parquet import ParquetRows
 from ._make._worker_info import WorkerInfo, get_worker_info
 from ._workers._shared_arrays import shared_array
 from ._workers._shared_records import SharedRecords, shared_records
@@ -42,6 +43,7 @@ __all__ = [
     "FetchTimeout",
     "Jagged",
     "JaggedArray",
+    "ParquetRows",
     "Prefetcher",
     "PrefetcherClosed",
     "RingError",

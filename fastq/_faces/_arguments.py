@@ -22,6 +22,7 @@ from .._make._streams import (
     check_stream_source,
     check_thread_sharding,
     source_name,
+    warn_fewer_shards,
 )
 from .._workers._start_method import get_context
 from .._workers._thread_workers import ThreadContext
@@ -185,6 +186,9 @@ def resolve(
                 seed=seed,
                 source=source_name(source),
             )
+        warn_fewer_shards(
+            source, workers if stream_resume is None else stream_resume.lanes
+        )
         known = None  # a worker infers it; the source never runs here
         if spec is not None:
             known = BatchSpec.from_user(spec, stream_rows or None)

@@ -13,6 +13,7 @@ RandomShuffleQueue do.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,6 +67,24 @@ def check_thread_sharding(source: Any, workers: int) -> None:
         f"the {workers} threads would yield the whole dataset; use "
         "worker_method='process' (each process answers it, as under "
         "DataLoader), or workers=1"
+    )
+
+
+def warn_fewer_shards(source: Any, workers: int) -> None:
+    """One warning, naming both counts, where a source that says how many
+    shards it has (HF datasets' ``n_shards``) has fewer than the workers
+    its iterators see: it cannot split a shard, so the others idle."""
+    shards = getattr(source, "n_shards", None)
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards >= workers:
+        return
+    warnings.warn(
+        f"{type(source).__name__} has {shards} shards for {workers} workers: "
+        f"{workers - shards} of them get no shard and stay idle. Reshard it "
+        f"into at least {workers} (HF datasets: to_iterable_dataset(num_shards="
+        f"{workers}), or more files), pass num_workers={shards}, or read "
+        "parquet files with fastq.ParquetRows, which splits row groups",
+        UserWarning,
+        stacklevel=4,
     )
 
 
@@ -204,5 +223,6 @@ __all__ = [
     "open_stream",
     "shuffle_rng",
     "source_name",
+    "warn_fewer_shards",
     "worker_stream",
 ]

@@ -16,6 +16,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
 from .._faces._planned import PlannedLoader
 from .._make._state import StreamResume
+from .._make._streams import warn_fewer_shards
 from .._workers._start_method import get_context
 from . import _image_decode
 from ._pinned import CudaRing
@@ -65,6 +66,7 @@ def new_engine(
     if batches is not None:
         source: Any = MapSource(loader.dataset, collate, loader._auto_collation)
     else:
+        warn_fewer_shards(loader.dataset, loader._streams or loader.num_workers)
         source = IterableSource(
             loader.dataset,
             collate,
