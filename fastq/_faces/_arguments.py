@@ -17,7 +17,13 @@ import numpy as np
 from .._core._ring import MAX_SLOTS, MAX_WORKERS
 from .._layout._spec import BatchSpec
 from .._make._sampler import EpochSampler
-from .._make._state import Resume, StreamResume, check_state, check_stream_state
+from .._make._state import (
+    Lanes,
+    Resume,
+    StreamResume,
+    check_state,
+    check_stream_state,
+)
 from .._make._streams import (
     check_stream_source,
     check_thread_sharding,
@@ -61,6 +67,7 @@ class Settings:
     # A stream's lanes: the workers its iterators see (NOTE [ A stream's
     # lanes ] in fastq/_workers/_lanes.py); a state's, else one per worker.
     streams: int
+    lanes: Lanes
 
 
 def resolve(
@@ -120,8 +127,9 @@ def resolve(
             "worker_threads", worker_threads, "or None to leave them"
         )
     rank, world_size = resolve_ranks(rank, world_size)
-    if seed is None and isinstance(state, dict):
-        seed = state.get("seed")  # checked with the rest of the state
+    saved = state[0] if isinstance(state, list) and state else state
+    if seed is None and isinstance(saved, dict):
+        seed = saved.get("seed")  # checked with the rest of the state
     if seed is None:
         seed = 0 if world_size > 1 else secrets.randbits(63)
     elif isinstance(seed, bool) or not isinstance(seed, int):
@@ -216,6 +224,7 @@ def resolve(
         shuffle_buffer=shuffle_buffer or 0,
         stream_resume=stream_resume,
         streams=workers if stream_resume is None else stream_resume.lanes,
+        lanes=Lanes.of(stream_resume, rank, world_size, workers),
     )
 
 

@@ -14,6 +14,7 @@ from .._loop._autotune import cpu_budget
 from .._loop._consumer import Feed
 from .._loop._engine import Engine, PlainBatches, SlotPinning
 from .._make._state import (
+    Lanes,
     Resume,
     check_state,
     check_stream_state,
@@ -146,7 +147,10 @@ class Prefetcher(Face):
         workers (lanes, which any number of worker processes runs, in the
         same order) passes over the items it delivered (its iterator's
         ``skip(n)`` if it has one); a sample stream's state counts
-        samples, and resumes with any batch size.
+        samples, and resumes with any batch size. On another number of
+        ranks, each new rank passes the list of the states every old rank
+        saved at one step: their workers' streams (each told the rank and
+        worker it was saved as) are dealt out to the new ranks.
     worker_method : str
         ``"process"`` (the default) or ``"thread"``: workers are processes
         or threads of this process. Threads need no pickling and no process
@@ -223,7 +227,7 @@ class Prefetcher(Face):
         rank: int | None = None,
         world_size: int | None = None,
         worker_threads: int | None = 1,
-        state: dict[str, Any] | None = None,
+        state: dict[str, Any] | list[dict[str, Any]] | None = None,
         worker_method: str = "process",
         shuffle_buffer: int | None = None,
     ) -> None:
@@ -368,6 +372,7 @@ class Prefetcher(Face):
                 shuffle_buffer=self.shuffle_buffer,
                 seed=self.seed,
                 source=source_name(self._settings.source),
+                lanes=self._settings.lanes,
             )
         epoch, done, above = self._epoch_place()
         return make_state(
@@ -379,7 +384,7 @@ class Prefetcher(Face):
         loop was handed (fastq.torch's decode stage takes a batch ahead)."""
         return self._feed.epoch_place()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """The next ``for`` loop resumes where ``state`` (from
         ``state_dict()``) was saved. A loop begun before this call ends with
         a ConfigError at its next batch (it would otherwise silently
@@ -398,6 +403,9 @@ class Prefetcher(Face):
                 source=source_name(self._settings.source),
             )
             self._settings.streams = resume_stream.lanes
+            self._settings.lanes = Lanes.of(
+                resume_stream, self.rank, self.world_size, self.workers
+            )
             feed.end_loops(ConfigError, _LOADED_MID_LOOP)
             self._restart_engine(None)  # each lane passes over its items
             return

@@ -240,6 +240,13 @@ class StreamResume:
     # A stateful source's own state at each lane's place (None where it
     # has none; fastq.torch's IterableDataset of a Stateful dataset).
     states: list[Any] | None = None
+    # Each lane as its iterator sees it, (rank, id) of `world` ranks of
+    # `workers` each (NOTE [ A stream's lanes ] in
+    # fastq/_workers/_lanes.py): None, lane k is (this rank, k) of this
+    # world size's ranks of len(items) workers.
+    ids: list[tuple[int, int]] | None = None
+    workers: int = 0
+    world: int = 0
 
     @property
     def lanes(self) -> int:
@@ -266,21 +273,42 @@ def make_stream_state(
     shuffle_buffer: int,
     seed: int,
     source: str,
+    lanes: Lanes,
 ) -> dict[str, Any]:
-    """The state of a stream at ``place``; ``source`` names the source
-    (fastq._make._streams.source_name)."""
+    """The state of a stream at ``place``, run on ``lanes``; ``source``
+    names the source (fastq._make._streams.source_name)."""
     return {
         "format": STREAM_FORMAT,
         "items": list(place.items),
         "unit": _unit(sample_stream),
         "pass": place.pass_,
-        "workers": len(place.items),
+        "workers": lanes.workers,
+        "lanes": [list(lane) for lane in lanes.ids],
+        "lane_world_size": lanes.world,
         "shuffle_buffer": shuffle_buffer,
         "seed": seed,
         "world_size": world_size,
         "rank": rank,
         "source": source,
     }
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """The lanes a rank runs: each as its iterator sees it, (rank, id) of
+    ``world`` ranks of ``workers`` workers."""
+
+    ids: list[tuple[int, int]]
+    workers: int
+    world: int
+
+    @staticmethod
+    def of(resume: StreamResume | None, rank: int, world: int, workers: int) -> Lanes:
+        """A resumed state's lanes, else this rank's ``workers`` lanes."""
+        if resume is None or resume.ids is None:
+            count = workers if resume is None else resume.lanes
+            return Lanes([(rank, k) for k in range(count)], count, world)
+        return Lanes(list(resume.ids), resume.workers, resume.world)
 
 
 def check_stream_state(
@@ -294,7 +322,101 @@ def check_stream_state(
     source: str,
 ) -> StreamResume:
     """Where a saved stream state resumes, once it fits this stream: its
-    lanes are the state's, run by any number of processes."""
+    lanes are the state's, run by any number of processes. A list of the
+    states every rank saved at one step resumes on another number of
+    ranks: their lanes are dealt out to this world's ranks."""
+    kw = {
+        "sample_stream": sample_stream,
+        "shuffle_buffer": shuffle_buffer,
+        "seed": seed,
+        "source": source,
+    }
+    if isinstance(state, list) and state:
+        places = [_checked_stream_state(s, **kw) for s in state]
+        return _dealt(places, [s["rank"] for s in state], rank, world_size)
+    place = _checked_stream_state(state, **kw)
+    if state.get("world_size") != world_size:
+        raise ConfigError(
+            f"state['world_size']={state.get('world_size')!r}, but this "
+            f"Prefetcher has world_size={world_size!r}: on another number of "
+            "ranks, pass the list of the states every rank saved at the same "
+            "step (state=[state of rank 0, state of rank 1, ...]); their "
+            "workers' streams are then dealt out to these ranks"
+        )
+    if state.get("rank") != rank:
+        raise ConfigError(
+            f"state['rank']={state.get('rank')!r}, but this Prefetcher has "
+            f"rank={rank!r}: each rank resumes the state it saved (or pass "
+            "the list of every rank's states)"
+        )
+    return place
+
+
+def _dealt(
+    places: list[StreamResume], ranks: list[int], rank: int, world_size: int
+) -> StreamResume:
+    """The lanes of every old rank's state, dealt out to this world's ranks
+    (lane g of the ordered whole to rank g % world_size): this rank's."""
+    first = places[0]
+    for place in places[1:]:
+        if (place.pass_, place.workers, place.world) != (
+            first.pass_,
+            first.workers,
+            first.world,
+        ):
+            raise ConfigError(
+                f"state: the ranks' states differ (pass {place.pass_} of "
+                f"{place.world} ranks of {place.workers} workers, against "
+                f"pass {first.pass_} of {first.world} of {first.workers}): "
+                "pass the states every rank saved at the same step"
+            )
+    whole: dict[tuple[int, int], int] = {}
+    for place in places:
+        assert place.ids is not None
+        for lane, n in zip(place.ids, place.items):
+            if lane in whole:
+                raise ConfigError(
+                    f"state: lane {list(lane)} is in two of the states "
+                    f"(ranks {ranks}): pass each rank's state once"
+                )
+            whole[lane] = n
+    expected = {(r, k) for r in range(first.world) for k in range(first.workers)}
+    if set(whole) != expected:
+        missing = sorted(expected - set(whole))
+        raise ConfigError(
+            f"state: the states of ranks {sorted(ranks)} lack lanes "
+            f"{[list(m) for m in missing]} of {first.world} ranks of "
+            f"{first.workers} workers: pass the states every rank saved at "
+            "the same step"
+        )
+    order = sorted(whole)
+    if len(order) < world_size:
+        raise ConfigError(
+            f"state: {len(order)} workers' streams (of {first.world} ranks of "
+            f"{first.workers} workers) cannot be dealt out to world_size="
+            f"{world_size} ranks: every rank needs one; resume on at most "
+            f"{len(order)} ranks, or save with more workers"
+        )
+    mine = order[rank::world_size]
+    return StreamResume(
+        first.pass_,
+        [whole[lane] for lane in mine],
+        None,
+        mine,
+        first.workers,
+        first.world,
+    )
+
+
+def _checked_stream_state(
+    state: Any,
+    *,
+    sample_stream: bool,
+    shuffle_buffer: int,
+    seed: int,
+    source: str,
+) -> StreamResume:
+    """A saved stream state's place, once it fits this stream."""
     if not isinstance(state, dict) or state.get("format") != STREAM_FORMAT:
         got = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ConfigError(
@@ -335,42 +457,58 @@ def check_stream_state(
             "lane delivered are those its shuffle buffer drew, so pass the "
             f"shuffle_buffer the state was saved with ({saved_buffer or None!r})"
         )
-    mine: dict[str, Any] = {"world_size": world_size, "rank": rank}
-    for key, value in mine.items():
-        if state.get(key) != value:
-            raise ConfigError(
-                f"state[{key!r}]={state.get(key)!r}, but this Prefetcher has "
-                f"{key}={value!r}: a rank's iterators shard the stream by "
-                "their rank themselves, so each rank resumes its own state; "
-                f"pass the {key} the state was saved with"
-            )
-    lanes = state.get("workers")
-    items = state.get("items")
+    saved_rank, saved_world = state.get("rank"), state.get("world_size")
+    if not _count(saved_world, 1) or not _count(saved_rank, 0):
+        raise ConfigError(
+            f"state['rank']={saved_rank!r}, state['world_size']={saved_world!r}: "
+            "expected ints, as state_dict() writes them"
+        )
+    workers, items = state.get("workers"), state.get("items")
+    if not isinstance(items, list) or not all(_count(n, 0) for n in items):
+        raise ConfigError(
+            f"state['items']={items!r}: expected one count >= 0 per worker, "
+            "as state_dict() writes them"
+        )
+    # States saved before lanes moved between ranks: lane k of the rank's own.
+    lanes = state.get("lanes", [[saved_rank, k] for k in range(len(items))])
+    world = state.get("lane_world_size", saved_world)
     if (
-        not isinstance(lanes, int)
-        or isinstance(lanes, bool)
-        or lanes < 1
-        or not isinstance(items, list)
-        or len(items) != lanes
+        not _count(workers, 1)
+        or not _count(world, 1)
+        or not isinstance(lanes, list)
+        or len(lanes) != len(items)
         or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in items
+            isinstance(lane, list)
+            and len(lane) == 2
+            and _count(lane[0], 0)
+            and _count(lane[1], 0)
+            and lane[0] < world
+            and lane[1] < workers
+            for lane in lanes
         )
     ):
         raise ConfigError(
-            f"state['items']={items!r} with state['workers']={lanes!r}: "
-            "expected one count >= 0 per worker, as state_dict() writes them"
+            f"state['lanes']={lanes!r} of state['workers']={workers!r} and "
+            f"state['lane_world_size']={world!r}: expected one [rank, worker] "
+            "per count of state['items'], as state_dict() writes them"
         )
     pass_ = state.get("pass", 0)
-    if not isinstance(pass_, int) or isinstance(pass_, bool) or pass_ < 0:
+    if not _count(pass_, 0):
         raise ConfigError(
             f"state['pass']={pass_!r}: expected an int >= 0, as state_dict() writes it"
         )
-    return StreamResume(pass_, list(items))
+    ids = [(int(r), int(k)) for r, k in lanes]
+    return StreamResume(pass_, list(items), None, ids, workers, world)
+
+
+def _count(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 __all__ = [
     "FORMAT",
     "STREAM_FORMAT",
+    "Lanes",
     "Place",
     "Resume",
     "StreamResume",

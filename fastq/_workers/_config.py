@@ -66,6 +66,12 @@ class WorkerConfig:
     # (0: one per worker process), this process running those whose id is
     # its own modulo num_workers.
     streams: int = 0
+    # Each lane as its iterator sees it, (rank, id) of lane_world ranks of
+    # lane_workers workers (a state resumed on another number of ranks);
+    # None: lane k is (rank, k) of world_size ranks of `streams`.
+    lane_ids: list[tuple[int, int]] | None = None
+    lane_workers: int = 0
+    lane_world: int = 0
     # A stream source resumed from a state: the items of each lane's stream
     # delivered before it (one count per lane; None: none), which its first
     # pass passes over, and the pass number the ring's first pass stands for.
@@ -90,6 +96,16 @@ class WorkerConfig:
     # The source and worker_init as pickled for spawn and forkserver workers,
     # shared by the configs of a pool (fastq._workers._shared_arrays.Handoff).
     handoff: Handoff | None = None
+
+    def lane_view(self, lane: int) -> tuple[int, int, int, int]:
+        """(rank, id, workers, world size) that lane ``lane``'s iterator
+        sees (fastq.get_worker_info(), torch's)."""
+        workers = self.streams or self.num_workers
+        if self.lane_ids is None or lane >= len(self.lane_ids):
+            # (A process with no lane sees no iterator: its own id.)
+            return self.rank, lane, workers, self.world_size
+        rank, ident = self.lane_ids[lane]
+        return rank, ident, self.lane_workers, self.lane_world
 
     # The user's objects travel pickled apart, inside this config's pickle
     # (spawn, forkserver): a worker that cannot rebuild them leaves the

@@ -115,15 +115,18 @@ class Lanes:
     ) -> tuple[WorkerInfo, Any]:
         if lane == self.cfg.worker_id:
             return info, torch_info
-        own = dataclasses.replace(info, id=lane, _rng=None)
+        rank, ident, workers, world = self.cfg.lane_view(lane)
+        own = dataclasses.replace(
+            info, id=ident, num_workers=workers, rank=rank, world_size=world, _rng=None
+        )
         if torch_info is not None:
             dataset = torch_info.dataset
             if source is not self.cfg.source:
                 dataset = getattr(source, "dataset", dataset)
             torch_info = type(torch_info)(
-                id=lane,
-                num_workers=torch_info.num_workers,
-                seed=mix_seed(self.cfg.seed, 1 << 33, lane) & TORCH_SEED_MASK,
+                id=ident,
+                num_workers=workers,
+                seed=mix_seed(self.cfg.seed, 1 << 33, ident) & TORCH_SEED_MASK,
                 dataset=dataset,
             )
         return own, torch_info
@@ -141,7 +144,7 @@ class Lanes:
                 lane.rng = None
             current = self.current
             if current is not None and not self.in_thread:
-                seed_globals(cfg.seed, current.id, self.pass_)
+                seed_globals(cfg.seed, current.info.id, self.pass_)
         resume = cfg.resume_items if ring_pass_0 else None
         states = cfg.resume_states if ring_pass_0 else None
         rows = cfg.stream_rows
@@ -184,7 +187,7 @@ class Lanes:
             assert current is not None
             current.rng = _save_globals()
             if lane.rng is None:
-                seed_globals(self.cfg.seed, lane.id, self.pass_)
+                seed_globals(self.cfg.seed, lane.info.id, self.pass_)
             else:
                 _restore_globals(lane.rng)
         _set_worker_info(lane.info, self.in_thread)

@@ -47,17 +47,11 @@ def set_up(cfg: WorkerConfig) -> tuple[WorkerInfo, Exception | None]:
             limit_threads(cfg.threads)
     # A stream's iterators see its lanes (NOTE [ A stream's lanes ] in
     # fastq/_workers/_lanes.py); this process's first lane is its own id.
-    info = WorkerInfo(
-        cfg.worker_id,
-        cfg.streams or cfg.num_workers,
-        cfg.seed,
-        cfg.rank,
-        cfg.world_size,
-        cfg.source,
-    )
+    rank, ident, workers, world = cfg.lane_view(cfg.worker_id)
+    info = WorkerInfo(ident, workers, cfg.seed, rank, world, cfg.source)
     _set_worker_info(info, cfg.in_thread)
     if not cfg.in_thread:
-        seed_globals(cfg.seed, cfg.worker_id, cfg.first_pass)
+        seed_globals(cfg.seed, ident, cfg.first_pass)
         if not cfg.packed:  # fastq.torch.DataLoader's workers do it their way
             _answer_for_torch(info)
     if cfg.packed:
@@ -195,13 +189,14 @@ def open_stream(
 ) -> Iterator[Any]:
     """Lane ``lane``'s iterator over ``source`` (None: the worker's) in the
     ring's pass ``ring_pass``."""
+    rank, ident, _, _ = cfg.lane_view(lane)
     return worker_stream(
         cfg.source if source is None else source,
         shuffle_buffer=cfg.shuffle_buffer,
         seed=cfg.seed,
         pass_=cfg.first_pass + ring_pass,
-        rank=cfg.rank,
-        worker_id=lane,
+        rank=rank,
+        worker_id=ident,
     )
 
 
