@@ -112,3 +112,5 @@ def test_ranks_with_streams_of_unequal_length_end_each_epoch_together(
     )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["batches"] for r in ranks] == [[5, 5], [5, 5]]
+    # TorchPrefetcher's passes of a stream too.
+    assert [r["passes"] for r in ranks] == [[5, 5], [5, 5]]

@@ -30,8 +30,8 @@ from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
 from . import _image_decode
 from ._decode_stage import collate_encoded
 from ._decoders import DEFAULT_BACKEND
-from ._image_decode import ImageDecode, encoded_slot_bytes
 from ._even_ranks import EvenBatches, check_even_batches, ranks_group
+from ._image_decode import ImageDecode, encoded_slot_bytes
 from ._loader_engine import (
     new_engine,
     rank_and_world_size,

@@ -21,6 +21,7 @@ from ..errors import ConfigError, SpecError
 from . import _image_decode
 from ._decode_stage import DecodedEpoch
 from ._decoders import DEFAULT_BACKEND
+from ._even_ranks import EvenBatches, ranks_group
 from ._image_decode import ImageDecode
 from ._pinned import CudaRing
 
@@ -272,9 +273,14 @@ class TorchPrefetcher(Prefetcher):
         return _TensorBatches(spec, engine)
 
     def __iter__(self) -> Iterator[Any]:
+        """As Prefetcher's; a stream's pass under torch.distributed with
+        several ranks ends on every rank at the batch the shortest rank
+        ends at, so a DDP step never waits on a rank with none left (NOTE
+        [ Even batches across ranks ] in fastq/torch/_even_ranks.py)."""
         batches = super().__iter__()
         if self._images is None:
-            return batches
+            group = None if self._settings.is_map else ranks_group()
+            return batches if group is None else EvenBatches(batches, group)
         place = self._feed.epoch_place if self._settings.is_map else None
         epoch = self._images.epoch(
             batches, self.device, ring_of=self._decode_ring, place=place

@@ -57,8 +57,20 @@ def main(out_dir: str, even: str) -> None:
         # A step after the last batch: every rank reaches it.
         flag = torch.ones(())
         dist.all_reduce(flag)
+    # The same through TorchPrefetcher, a stream of samples.
+    from fastq.torch import TorchPrefetcher
+
+    passes = []
+    with TorchPrefetcher(RankShards(), batch_size=2, workers=2, seed=0) as pf:
+        for _ in range(EPOCHS):
+            n = 0
+            for batch in pf:
+                model(batch).sum().backward()
+                n += 1
+            passes.append(n)
+            dist.all_reduce(torch.ones(()))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "batches": counts}, f)
+        json.dump({"rank": rank, "batches": counts, "passes": passes}, f)
     dist.barrier()
     dist.destroy_process_group()
 
