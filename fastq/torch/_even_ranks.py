@@ -18,9 +18,13 @@ from ..errors import ConfigError
 # has one; the first time one has none, every rank ends the epoch there,
 # dropping what it had left ("drop", DistributedSampler's drop_last). That
 # costs one collective per batch on the training thread (measured in
-# benchmarks/even_batches.py); even_batches=None leaves it out, for
-# shards of equal length or a loop that joins its ranks itself
-# (torch.distributed.algorithms.Join).
+# benchmarks/even_batches.py), on a gloo group (the CPU's, whatever the
+# training's backend), so the loop never waits for the GPU to read a flag;
+# even_batches=None leaves it out, for shards of equal length or a loop
+# that joins its ranks itself (torch.distributed.algorithms.Join).
+# DistributedSampler's other way, padding the short ranks by wrapping to
+# their epoch's start, would read their streams a second time: not
+# offered.
 EVEN_BATCHES = ("drop", None)
 
 
@@ -34,15 +38,27 @@ def check_even_batches(value: Any) -> str | None:
     return value  # type: ignore[no-any-return]
 
 
+_gloo_groups: dict[Any, Any] = {}  # the default group's gloo twin, once made
+
+
 def ranks_group() -> Any:
-    """torch.distributed's default group when it runs more than one rank;
-    None otherwise."""
+    """A gloo group of torch.distributed's ranks when it runs more than
+    one (the default group itself where it is gloo's); None otherwise.
+    The ranks agree on the CPU: a flag on the GPU (NCCL's) would make the
+    loop's thread wait for the step's kernels to read it. Made once, by
+    every rank at the same point (each one's first iter())."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     if dist.get_world_size() < 2:
         return None
-    return dist.group.WORLD
+    world = dist.group.WORLD
+    if dist.get_backend(world) == "gloo":
+        return world
+    group = _gloo_groups.get(world)
+    if group is None:
+        group = _gloo_groups[world] = dist.new_group(backend="gloo")
+    return group
 
 
 class EvenBatches:
@@ -50,20 +66,14 @@ class EvenBatches:
     every rank at the first batch some rank does not have (NOTE [ Even
     batches across ranks ])."""
 
-    __slots__ = ("_device", "_flag", "_group", "_it")
+    __slots__ = ("_flag", "_group", "_it")
 
     def __init__(self, it: Iterator[Any], group: Any) -> None:
         import torch
-        import torch.distributed as dist
 
         self._it = it
-        self._group = group
-        # NCCL reduces device tensors only; gloo and the others CPU ones.
-        device = "cpu"
-        if dist.get_backend(group) == "nccl":
-            device = f"cuda:{torch.cuda.current_device()}"
-        self._flag = torch.zeros((), dtype=torch.int32, device=device)
-        self._device = device
+        self._group = group  # gloo's: the flag stays on the CPU
+        self._flag = torch.zeros((), dtype=torch.int32)
 
     def __iter__(self) -> EvenBatches:
         return self
