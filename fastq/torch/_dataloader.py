@@ -266,6 +266,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     # ---------------------------------------------------------- iteration
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        # The last epoch's decode thread takes no batch once this one begins.
+        self._images.stop_epoch()
         if self.num_workers == 0:
             return self._decoded(super().__iter__())
         if self.pin_memory and not self._warned_pin:
@@ -516,6 +518,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         at exit, and after each epoch without persistent_workers)."""
         engine, self._engine = self._engine, None
         try:
+            self._images.stop_epoch(wait=False)
             if engine is not None:
                 engine.close()
         finally:

@@ -6,8 +6,9 @@ computes, and the loop's thread never waits for the GPU."""
 
 from __future__ import annotations
 
+import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,10 @@ from ._cuda import Event
 from ._decode_cuda import DecodeCuda
 from ._decoders import KIND_HW_JPEG, Decoder, decode_with_pil
 from ._pinned import CudaRing
+
+# The most decoded batches the stage's thread keeps ready ahead of the loop
+# (NOTE [ The decode stage's thread ] in fastq/torch/_decode_thread.py).
+DECODE_LOOKAHEAD = 2
 
 # NOTE [ A batch's bytes wait for its decode ]
 #
@@ -53,7 +58,7 @@ class _Decoded:
     """One batch issued to the GPU: its output and the event that fences
     it, or the error it raises at its turn."""
 
-    __slots__ = ("done", "error", "images", "labels", "nbytes")
+    __slots__ = ("done", "error", "images", "labels", "nbytes", "place")
 
     def __init__(
         self,
@@ -68,6 +73,7 @@ class _Decoded:
         self.done = done
         self.nbytes = nbytes
         self.error = error
+        self.place: Any = None  # the loader's place once it is handed out
 
 
 class DecodeStage:
@@ -75,9 +81,11 @@ class DecodeStage:
 
     ``decoder`` is the GPU backend (None: every file through Pillow, then
     uploaded); ``path_of(index)`` names a sample's file in errors;
-    ``dtype`` and ``channels_last`` are what the step wants. ``attach``
-    gives it the ring whose returner keeps slots until their decode has
-    run; without one it makes its own.
+    ``dtype`` and ``channels_last`` are what the step wants; ``lookahead``
+    is how many decoded batches its thread keeps ready ahead of the loop
+    (NOTE [ The decode stage's thread ]). ``attach`` gives it the ring
+    whose returner keeps slots until their decode has run; without one it
+    makes its own.
     """
 
     def __init__(
@@ -89,8 +97,14 @@ class DecodeStage:
         dtype: torch.dtype = torch.float32,
         channels_last: bool = False,
         path_of: Callable[[int], str] = str,
+        lookahead: int = DECODE_LOOKAHEAD,
     ) -> None:
         self.plan = _Plan(plan)
+        self.lookahead = lookahead
+        # The epoch whose thread takes batches now (one at a time).
+        self._live: Any = None  # its _decode_thread.Ahead
+        # stats() reads what the thread counts.
+        self._counting = threading.Lock()
         self.decoder = decoder
         self.cuda = cuda
         self.dtype = dtype
@@ -171,8 +185,9 @@ class DecodeStage:
         # NOTE [ A batch's bytes wait for its decode ]
         self.ring.release_after(done, kept)
         del kept, files
-        self._account(done, decoded.nbytes)
-        self.batches += 1
+        with self._counting:
+            self._account(done, decoded.nbytes)
+            self.batches += 1
         return decoded
 
     def _decode(self, files: _Files, kept: list[Any]) -> _Decoded:
@@ -270,25 +285,17 @@ class DecodeStage:
 
     # --------------------------------------------------------- lifecycle
 
-    def epoch(
-        self,
-        batches: Iterator[Any],
-        ring_of: Callable[[], CudaRing | None] = lambda: None,
-        place: Callable[[], Any] | None = None,
-    ) -> DecodedEpoch:
-        """``batches`` handed out decoded; ``ring_of()`` is the ring their
-        slots belong to (its returner keeps them), asked as each batch is
-        taken; ``place()``, if given, is the loader's place in the epoch,
-        kept as each batch is handed out (DecodedEpoch.place)."""
-        return DecodedEpoch(self, batches, ring_of, place)
-
     def stats(self) -> dict[str, Any]:
         """``backend``; ``batches`` and ``images`` decoded; ``per_image``:
         files decoded with Pillow (other kinds, and the ``rejected`` ones
         the GPU backend was given); ``gpu_bytes`` and ``peak_gpu_bytes``:
         the device memory of the batches in flight (decoded files, the
         resized batch, the output); ``in_flight`` and its peak."""
-        self._account()
+        with self._counting:
+            self._account()
+            return self._stats()
+
+    def _stats(self) -> dict[str, Any]:
         return {
             "backend": "cpu" if self.decoder is None else self.decoder.name,
             "batches": self.batches,
@@ -301,78 +308,31 @@ class DecodeStage:
             "peak_in_flight": self.peak_in_flight,
         }
 
+    def adopt(self, ahead: Any) -> None:
+        """``ahead``'s thread is the one that takes batches now: the one
+        before it is stopped and joined first."""
+        self.stop_epoch()
+        self._live = ahead
+
+    def stop_epoch(self, wait: bool = True) -> None:
+        """Stops the thread of the epoch in progress (before a new epoch
+        takes batches, or the loader closes); joins it if ``wait``. Without
+        ``wait`` it stops at its next batch: the engine's close wakes it if
+        it waits for one."""
+        live = self._live
+        if live is not None:
+            live.stop(wait)
+            if wait:
+                self._live = None
+
     def close(self) -> None:
-        """Stops the stage's own returner (the engine closes its ring)."""
+        """Stops and joins the stage's thread, then its own returner (the
+        engine closes its ring)."""
+        self.stop_epoch()
         own, self._own_ring = self._own_ring, None
         self._in_flight = []
         if own is not None:
             own.close()
-
-
-class DecodedEpoch:
-    """An epoch of host batches, handed out decoded: when the loop asks for
-    batch k, batch k+1's decode is queued first, so it runs on the GPU
-    while step k does. An error taking batch k+1 (a worker's, a timeout)
-    is raised at k+1's turn, as without the stage. ``place`` is the
-    loader's place as batch k was handed out (``place()`` then), before
-    batch k+1 was taken: what a state saved now must resume from."""
-
-    __slots__ = (
-        "__weakref__",
-        "_ahead",
-        "_batches",
-        "_ended",
-        "_place",
-        "_ring_of",
-        "_stage",
-        "place",
-    )
-
-    def __init__(
-        self,
-        stage: DecodeStage,
-        batches: Iterator[Any],
-        ring_of: Callable[[], CudaRing | None],
-        place: Callable[[], Any] | None,
-    ) -> None:
-        self._stage = stage
-        self._batches = batches
-        self._ring_of = ring_of
-        self._place = place
-        self._ahead: _Decoded | None = None
-        self._ended = False
-        self.place: Any = None
-
-    def __iter__(self) -> DecodedEpoch:
-        return self
-
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        current = self._ahead if self._ahead is not None else self._take()
-        self._ahead = None
-        if current is None:
-            raise StopIteration
-        if self._place is not None:
-            self.place = self._place()
-        self._ahead = self._take()
-        return self._stage.hand_out(current)
-
-    @property
-    def ahead(self) -> bool:
-        """A batch was taken from the loader and not handed out yet."""
-        return self._ahead is not None
-
-    def _take(self) -> _Decoded | None:
-        if self._ended:
-            return None
-        try:
-            batch = next(self._batches)
-        except StopIteration:
-            self._ended = True
-            return None
-        except Exception as exc:
-            return _Decoded(error=exc)
-        self._stage.attach(self._ring_of())
-        return self._stage.issue(batch)
 
 
 class _Files:

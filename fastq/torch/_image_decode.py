@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from ._decode_cuda import DecodeCuda, TorchDecodeCuda
-from ._decode_stage import DecodedEpoch, DecodeStage
+from ._decode_stage import DecodeStage
+from ._decode_thread import DecodedEpoch
 from ._decoders import BACKENDS, Decoder, check_backend, open_decoder
 from ._pinned import CudaRing
 
@@ -159,7 +160,10 @@ class ImageDecode:
     ) -> DecodedEpoch:
         if device is None:
             device = current_device()
-        return self._stage(device).epoch(batches, ring_of, place)
+        # ``place()``, if given, is the loader's place in the epoch, kept
+        # as each batch is taken and given back as it is handed out
+        # (DecodedEpoch.place).
+        return DecodedEpoch(self._stage(device), batches, ring_of, place)
 
     def _stage(self, device: torch.device) -> DecodeStage:
         if self.stage is None:
@@ -191,6 +195,14 @@ class ImageDecode:
 
     def stats(self) -> dict[str, Any] | None:
         return None if self.stage is None else self.stage.stats()
+
+    def stop_epoch(self, wait: bool = True) -> None:
+        """Stops the decode stage's thread of the epoch in progress (NOTE
+        [ The decode stage's thread ] in fastq/torch/_decode_stage.py):
+        before a new epoch takes batches, and first as the loader closes
+        (``wait`` False: the engine's close wakes it; ``close`` joins it)."""
+        if self.stage is not None:
+            self.stage.stop_epoch(wait)
 
     def close(self) -> None:
         if self.stage is not None:

@@ -19,7 +19,7 @@ from .._layout._spec import BatchSpec
 from .._loop._engine import Engine, PlainBatches
 from ..errors import ConfigError, SpecError
 from . import _image_decode
-from ._decode_stage import DecodedEpoch
+from ._decode_thread import DecodedEpoch
 from ._decoders import DEFAULT_BACKEND
 from ._even_ranks import EvenBatches, ranks_group
 from ._image_decode import ImageDecode
@@ -277,6 +277,9 @@ class TorchPrefetcher(Prefetcher):
         several ranks ends on every rank at the batch the shortest rank
         ends at, so a DDP step never waits on a rank with none left (NOTE
         [ Even batches across ranks ] in fastq/torch/_even_ranks.py)."""
+        if self._images is not None:
+            # The last epoch's decode thread takes no batch once this begins.
+            self._images.stop_epoch()
         batches = super().__iter__()
         if self._images is None:
             group = None if self._settings.is_map else ranks_group()
@@ -311,6 +314,8 @@ class TorchPrefetcher(Prefetcher):
 
     def close(self) -> None:
         try:
+            if getattr(self, "_images", None) is not None:
+                self._images.stop_epoch(wait=False)  # type: ignore[union-attr]
             super().close()
         finally:
             if getattr(self, "_images", None) is not None:

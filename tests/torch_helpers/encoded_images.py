@@ -134,21 +134,40 @@ class FakeDecodeCuda(FakeCuda):
     """fastq.torch._decode_cuda.DecodeCuda on a FakeGpu: tensors on the
     CPU, kernels run at once (their results are what a GPU would give),
     events complete only when the test runs the GPU past them; every
-    synchronize() is recorded with its thread."""
+    synchronize() is recorded with its thread, and so is every call of the
+    stage's (``calls``: (what, thread name)): the streams made current
+    (the stage launches its kernels only inside), uploads, events, the
+    hand-over. The current stream is each thread's own, as torch's is."""
 
     def __init__(self, gpu: FakeGpu) -> None:
         super().__init__(gpu)
         self.consumer = FakeStream("consumer")
         self.streams: list[FakeStream] = []
-        self.current: list[Any] = []  # the streams made current, innermost last
+        self._current = threading.local()
         self.uploads = 0
         self.handed: list[tuple[list[torch.Tensor], FakeEvent]] = []
+        self.calls: list[tuple[str, str]] = []
+
+    def _called(self, what: str) -> None:
+        self.calls.append((what, threading.current_thread().name))
+
+    @property
+    def current(self) -> list[Any]:
+        """This thread's streams made current, innermost last."""
+        if not hasattr(self._current, "streams"):
+            self._current.streams = []
+        return self._current.streams  # type: ignore[no-any-return]
+
+    def event(self) -> FakeEvent:
+        self._called("event")
+        return super().event()  # type: ignore[no-any-return]
 
     @property
     def tensor_device(self) -> torch.device:
         return torch.device("cpu")
 
     def decode_stream(self) -> FakeStream:
+        self._called("decode_stream")
         stream = FakeStream(f"decode{len(self.streams)}")
         self.streams.append(stream)
         return stream
@@ -158,6 +177,7 @@ class FakeDecodeCuda(FakeCuda):
 
         class _On:
             def __enter__(self) -> None:
+                cuda._called("on_stream")
                 cuda.current.append(stream)
 
             def __exit__(self, *exc: Any) -> None:
@@ -169,10 +189,12 @@ class FakeDecodeCuda(FakeCuda):
         return self.current[-1] if self.current else self.consumer
 
     def upload(self, host: torch.Tensor) -> torch.Tensor:
+        self._called("upload")
         self.uploads += 1
         return host.clone()
 
     def hand_over(self, tensors: Any, done: FakeEvent) -> None:
+        self._called("hand_over")
         self.current_stream().wait_event(done)
         self.handed.append((list(tensors), done))
 
@@ -195,6 +217,10 @@ class PilDecoder:
         self.crops = crops
         self.reject: set[int] = set()  # by file size: what the test names
         self.calls: list[tuple[int, Any]] = []  # (files, current stream)
+        self.threads: list[str] = []  # the thread of each call
+        # Called with the files' sizes in bytes before a call decodes them
+        # (a test makes a batch slow to decode here).
+        self.before: Any = None
         self.made: list[Any] = []  # weak references to what it returned
 
     def decode(self, data: Any, boxes: Any, stream: Any) -> list[Any]:
@@ -202,6 +228,9 @@ class PilDecoder:
 
         assert self.cuda.current_stream() is stream, "decoded off the stage's stream"
         self.calls.append((len(data), stream))
+        self.threads.append(threading.current_thread().name)
+        if self.before is not None:
+            self.before([len(d) for d in data])
         out: list[Any] = []
         for d, box in zip(data, boxes):
             if len(d) in self.reject:
