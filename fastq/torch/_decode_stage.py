@@ -326,9 +326,13 @@ class DecodeStage:
                 self._live = None
 
     def close(self) -> None:
-        """Stops and joins the stage's thread, then its own returner (the
-        engine closes its ring)."""
+        """Stops and joins the stage's thread, drops what it gave the ring
+        after the ring closed, then stops its own returner (the engine
+        closes its ring)."""
         self.stop_epoch()
+        if self.ring is not None:
+            # The batch the thread finished as the engine closed its ring.
+            self.ring.drop_late()
         own, self._own_ring = self._own_ring, None
         self._in_flight = []
         if own is not None:

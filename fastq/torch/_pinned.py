@@ -135,6 +135,8 @@ class CudaRing:
         self._settled: Callable[[], Any] = _nothing
         self._changed = threading.Condition()
         self._returner: threading.Thread | None = None
+        # What was given to wait on device work after close (drop_late).
+        self._late: list[Any] = []
         self._registrar: threading.Thread | None = None
         self.stream = self.cuda.copy_stream() if copy_stream else None
 
@@ -274,8 +276,14 @@ class CudaRing:
 
     def _wait_on(self, event: Event, holder: Any) -> None:
         """Keeps ``holder`` (a slot's lease, or what leads to it) until the
-        GPU passes ``event``. Any thread; never waits."""
+        GPU passes ``event``. Any thread; never waits. Once the ring is
+        closed (its returner gone) the holder is kept as ``late`` instead,
+        until ``drop_late`` (the decode stage's thread may finish a batch
+        as its loader closes)."""
         with self._changed:
+            if self.closed:
+                self._late.append(holder)
+                return
             self.pending.append((event, holder))
             self.peak_waiting = max(self.peak_waiting, len(self.pending))
             self._changed.notify()
@@ -333,6 +341,17 @@ class CudaRing:
             return None
 
     # ---------------------------------------------------------- lifecycle
+
+    def drop_late(self) -> None:
+        """Drops what was given to wait on device work after close(), once
+        the device has run all its work (a closed ring keeps no lease: a
+        lease keeps its mapping). The caller's thread waits, at close only."""
+        with self._changed:
+            late, self._late = self._late, []
+        if late:
+            self.synchronizes += 1
+            self.cuda.synchronize()
+        del late
 
     def close(self) -> None:
         """Waits for every queued copy from the ring, stops the returner,
