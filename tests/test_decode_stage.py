@@ -111,6 +111,42 @@ def test_the_dtype_and_memory_format_are_the_steps(
     stage.close()
 
 
+def test_crops_of_one_shape_resize_in_one_call_as_each_alone() -> None:
+    """Crops that share a shape are resized in one call per shape: each
+    image's result is exactly what its own call gives, whatever else the
+    batch holds."""
+    import torch.nn.functional as F
+
+    on = OnFakeGpu()
+    ds = image_files([("unused.jpg", 0, 0)])
+    stage = DecodeStage(ds.decode_plan, None, on.cuda)
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(3, 40, 50), (3, 31, 47), (3, 40, 50), (3, 40, 50), (3, 31, 47)]
+    crops = [torch.randint(0, 256, s, generator=gen, dtype=torch.uint8) for s in shapes]
+    calls = []
+    interpolate = F.interpolate
+
+    def counted(x: Any, **kwargs: Any) -> Any:
+        calls.append(len(x))
+        return interpolate(x, **kwargs)
+
+    F.interpolate = counted
+    try:
+        batch = stage._resize(crops)
+    finally:
+        F.interpolate = interpolate
+    assert sorted(calls) == [2, 3]
+    for i, c in enumerate(crops):
+        alone = interpolate(
+            c.unsqueeze(0).float(),
+            size=SIZE,
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )
+        assert torch.equal(batch[i], alone[0])
+
+
 # ------------------------------------------------- the loop and the GPU
 
 

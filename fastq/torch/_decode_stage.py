@@ -212,8 +212,7 @@ class DecodeStage:
                     else:
                         pixels[i], cropped[i] = t, decoder.crops
         nbytes = 0
-        resized = []
-        size = self.plan.size
+        crops: list[torch.Tensor] = []
         for i in range(n):
             t = pixels[i]
             top, left, height, width = (int(v) for v in files.box[i])
@@ -235,20 +234,11 @@ class DecodeStage:
                 if not cropped[i]:
                     t = t[:, top : top + height, left : left + width]
             nbytes += t.numel()
-            x = t.unsqueeze(0).float()
-            x = F.interpolate(
-                x,
-                size=size,
-                mode="bilinear",
-                align_corners=False,
-                antialias=self.plan.antialias,
-            )
-            resized.append(x)
-        batch = torch.cat(resized)
+            crops.append(t)
+        batch = self._resize(crops)
         flips = files.flip.astype(bool)
         if flips.any():
-            # The batch's flips in two kernels, not one per flipped image:
-            # each image costs the loop's thread its own launches already.
+            # The batch's flips in two kernels, not one per flipped image.
             mask = self.cuda.upload(torch.from_numpy(flips)).view(-1, 1, 1, 1)
             batch = torch.where(mask, batch.flip(-1), batch)
         assert self._scale is not None and self._shift is not None
@@ -259,6 +249,34 @@ class DecodeStage:
         nbytes += images.numel() * images.element_size()
         self.images += n
         return _Decoded(images, labels, nbytes=nbytes)
+
+    def _resize(self, crops: list[torch.Tensor]) -> torch.Tensor:
+        """The crops resized to the plan's size, as one float batch: the
+        crops of one shape in one call (each image is resized on its own in
+        that call, so it equals a call per image), the others one by one
+        (a padded batch would blend the padding into the edges)."""
+        size = self.plan.size
+        out = torch.empty(
+            (len(crops), 3, *size), dtype=torch.float32, device=crops[0].device
+        )
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, t in enumerate(crops):
+            groups.setdefault(tuple(t.shape), []).append(i)
+        for rows in groups.values():
+            x = torch.stack([crops[i] for i in rows]).float()
+            x = F.interpolate(
+                x,
+                size=size,
+                mode="bilinear",
+                align_corners=False,
+                antialias=self.plan.antialias,
+            )
+            if len(rows) == 1:
+                out[rows[0]] = x[0]
+            else:
+                where = self.cuda.upload(torch.tensor(rows))  # staged: no wait
+                out.index_copy_(0, where, x)
+        return out
 
     def hand_out(self, decoded: _Decoded) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch, on the device: the current stream waits for its
