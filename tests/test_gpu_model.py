@@ -174,6 +174,45 @@ def test_every_gpu_decode_row_is_bounded_by_the_engine_and_the_ceiling() -> None
     assert slow.bound_by == "decode engine"
 
 
+def test_the_stage_on_its_own_thread_leaves_the_loop_its_launches() -> None:
+    """With the stage on a thread of its own, the loop's thread costs a
+    step its launches and the hand-out alone, whatever the backend or
+    where the Pillow files are decoded, and no row is bound by it; the
+    blocking backend's decode and the Pillow files cost the stage's
+    thread instead."""
+    for p in decode_model.predictions():
+        if p.engine_images_per_s is None or "loop thread (before)" in p.row:
+            continue
+        launch_ms = decode_model.h200_step_ms(p.model)[1]
+        hand_out_ms = decode_model.HAND_OUT_US_PER_BATCH / 1e3
+        assert p.costs_ms["loop thread"] == pytest.approx(launch_ms + hand_out_ms)
+        assert p.bound_by != "loop thread", p
+    tv = decode_model.BACKENDS["torchvision"]
+    nv = decode_model.BACKENDS["nvImageCodec"]
+    own = decode_model.predict_gpu_decode("resnet18", tv)
+    before = decode_model.predict_gpu_decode(
+        "resnet18", tv, stage=decode_model.LOOP_THREAD
+    )
+    assert own.images_per_s > before.images_per_s
+    pillow = decode_model.predict_gpu_decode(
+        "resnet18", nv, fallback=decode_model.STAGE_THREAD
+    )
+    assert pillow.costs_ms["stage thread"] > own.costs_ms["stage thread"] / 2
+
+
+@pytest.mark.torch
+def test_the_timelines_blocking_backend_never_blocks_the_loop() -> None:
+    """torchvision's call waits for its decode: on the stage's thread, so
+    the loop's thread never waits for the GPU."""
+    pytest.importorskip("torch")
+    cfg = gpu_timeline.Config(
+        "GPU decode: torchvision", "resnet18", image_size=16, steps=30, warmup=10
+    )
+    run = gpu_timeline.run_once(cfg, timeout_s=100)
+    assert run.error is None and run.bad_batches == 0
+    assert run.loop_gpu_waits == 0
+
+
 @pytest.mark.torch
 def test_the_timeline_reproduces_the_h200_input_bound_fraction() -> None:
     """fastq.torch.DataLoader on the calibrated model, ResNet-18's step,

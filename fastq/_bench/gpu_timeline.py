@@ -26,17 +26,21 @@ from . import decode_model
 from .fresh import run_in_turn, run_job, serve_job
 from .train_loop import close_loader, epochs, repeat
 
-# The GPU-decode rows: fastq.torch.DataLoader hands the loop each batch's
-# encoded bytes, and the decode stage of decode_model runs on the model's
-# JPEG engine, with each backend's way of calling it.
-# The files the engine does not take are decoded with Pillow by the workers,
-# or (the last row) on the loop's thread by the stage.
-FALLBACK_ON_LOOP = "GPU decode: nvImageCodec, Pillow files on the loop"
+# The GPU-decode rows: fastq.torch.DataLoader's batches of encoded bytes
+# go to the decode stage of decode_model, which runs on a thread of its own
+# (as fastq.torch's does) and on the model's JPEG engine, with each
+# backend's way of calling it. The files the engine does not take are
+# decoded with Pillow by the workers, or (the last row) on the stage's
+# thread.
+FALLBACK_ON_STAGE = "GPU decode: nvImageCodec, Pillow files on the stage's thread"
 DECODE_LOADERS = (
     "GPU decode: nvImageCodec",
     "GPU decode: torchvision",
-    FALLBACK_ON_LOOP,
+    FALLBACK_ON_STAGE,
 )
+# Decoded batches the stage keeps ready ahead of the loop (fastq.torch's
+# DECODE_LOOKAHEAD).
+LOOKAHEAD = 2
 LOADERS = (
     "DataLoader",
     "fastq.torch.DataLoader",
@@ -157,7 +161,7 @@ def measure(cfg: Config) -> Run:
     if decoding:
         sample = np.zeros(ENCODED_BYTES, dtype=np.uint8)
         batch_s = decode_model.worker_s_per_batch(
-            cfg.batch_size, fallback=cfg.loader != FALLBACK_ON_LOOP
+            cfg.batch_size, fallback=cfg.loader != FALLBACK_ON_STAGE
         )
     else:
         sample = np.zeros((3, cfg.image_size, cfg.image_size), dtype=np.uint8)
@@ -223,12 +227,17 @@ def measure(cfg: Config) -> Run:
 def _decoded(
     cfg: Config, gpu: Any, engine: Any, batches: Any, device: Any
 ) -> Iterator[Any]:
-    """The decode stage on the model, one batch ahead (batch k+1's decode
-    is queued before step k is launched): the encoded bytes copied on the
-    stage's stream, the backend's call on this thread, the engine's decode
-    after the copy (waited for here where the backend blocks), then the
-    stage's kernels on the compute stream once it is decoded. Yields the
-    decoded batch as device tensors."""
+    """The decode stage on the model, on a thread of its own that keeps
+    LOOKAHEAD decoded batches ready: per batch, the encoded bytes copied on
+    the stage's stream, the backend's call (and the Pillow files where
+    they are its), the engine's decode after the copy (waited for on that
+    thread where the backend blocks), the stage's kernels on its stream
+    after the decode, an event. The loop's thread takes each batch and
+    makes its stream wait for the event. Yields the decoded batch as device
+    tensors."""
+    import queue
+    import threading
+
     import torch
 
     backend = decode_model.BACKENDS[cfg.loader.split(": ", 1)[1].split(",")[0]]
@@ -236,28 +245,47 @@ def _decoded(
     host_s = cfg.batch_size * decode_model.HOST_US_PER_IMAGE / 1e6
     post_s = cfg.batch_size * decode_model.POST_US_PER_IMAGE / 1e6
     engine_images = round(cfg.batch_size * (1 - decode_model.OTHER_SHARE))
-    if cfg.loader == FALLBACK_ON_LOOP:
+    if cfg.loader == FALLBACK_ON_STAGE:
         host_s += (cfg.batch_size - engine_images) / decode_model.CPU_DECODE_PER_WORKER
     shape = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
+    ready: queue.Queue[Any] = queue.Queue(LOOKAHEAD)
+    stop = threading.Event()
 
-    def submit(data: Any) -> Any:
+    def decode_ahead() -> None:
         with gpu.use_stream(stream):
-            data.to(device, non_blocking=True)
-            copied = stream.record_event()
-        time.sleep(host_s)
-        done = engine.decode(engine_images, after=copied)
-        if backend.blocking:
-            done.synchronize()
-        return done
+            for data, labels, _ in batches:
+                data.to(device, non_blocking=True)
+                copied = stream.record_event()
+                time.sleep(host_s)
+                done = engine.decode(engine_images, after=copied)
+                if backend.blocking:
+                    done.synchronize()
+                stream.wait_event(done)
+                gpu.launch(stream, post_s)
+                item = (stream.record_event(), labels)
+                while not stop.is_set():
+                    try:
+                        ready.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        ready.put(None)
 
-    data, labels, _ = next(batches)
-    pending = submit(data)
-    for data, next_labels, _ in batches:
-        decoding = submit(data)
-        gpu.default.wait_event(pending)
-        gpu.launch(gpu.default, post_s)
-        yield torch.empty(shape, device="meta"), labels, None
-        pending, labels = decoding, next_labels
+    thread = threading.Thread(target=decode_ahead, name="stage", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is None:
+                return
+            done, labels = item
+            gpu.default.wait_event(done)
+            yield torch.empty(shape, device="meta"), labels, None
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _open(cfg: Config, dataset: Timed, device: Any) -> tuple[Any, Any]:
@@ -310,11 +338,13 @@ INTRO = (
     "launch queue of 1024 kernels, copies at 25 GB/s from page-locked memory, "
     "pin_memory=True; 15 workers making {input:,.0f} images/s in all (128 x 3 "
     "x 112 x 112 uint8 a batch). GPU decode rows: the workers read, parse and "
-    "draw boxes ({worker:.1f} ms a batch each), the stage decodes one batch "
-    "ahead on a JPEG engine of {rate:,.0f} images/s (nvImageCodec: on a "
-    "stream; torchvision: the call waits for it on the loop's thread); the "
-    "files it does not take ({other:.0%}) decoded with Pillow by the workers, "
-    "or on the loop's thread in the last row. "
+    "draw boxes ({worker:.1f} ms a batch each), the stage decodes on a "
+    "thread of its own, {ahead} batches ahead, on a JPEG engine of "
+    "{rate:,.0f} images/s (nvImageCodec: on a stream; torchvision: the call "
+    "waits for it on the stage's thread); the loop's thread only takes each "
+    "batch and makes its stream wait; the files the engine does not take "
+    "({other:.0%}) decoded with Pillow by the workers, or on the stage's "
+    "thread in the last row. "
     "150 steps after 60; medians of {repeats} run(s), each loader in a fresh "
     "process. A model, not a GPU's measurement"
 )
@@ -329,6 +359,7 @@ def intro(repeats: int) -> str:
         input=INPUT_IMAGES_PER_S,
         worker=decode_model.worker_s_per_batch(128) * 1e3,
         rate=decode_model.DECODE_IMAGES_PER_S,
+        ahead=LOOKAHEAD,
         other=decode_model.OTHER_SHARE,
         repeats=repeats,
     )
