@@ -101,11 +101,11 @@ def _decode_ahead(
                     item = _END
                 except Exception as exc:
                     item, from_feed = _Decoded(error=exc), True
+                    where = _place_after(place)
                 else:
-                    if place is not None:
-                        # The loader's place after this batch, before the
-                        # next is taken: a state saved once the loop has it.
-                        where = place()
+                    # The loader's place after this batch, before the next
+                    # is taken: a state saved once the loop has it.
+                    where = _place_after(place)
                     stage.attach(ring_of())
                     item = stage.issue(batch)
                     del batch
@@ -131,6 +131,17 @@ def _decode_ahead(
                 changed.notify_all()
 
 
+def _place_after(place: Callable[[], Any] | None) -> Any:
+    """``place()``, or None (the loop keeps the place it had) where there
+    is none or the loader cannot say (closed under the thread)."""
+    if place is None:
+        return None
+    try:
+        return place()
+    except Exception:
+        return None
+
+
 class DecodedEpoch:
     """An epoch of host batches, handed out decoded by the stage's thread
     (NOTE [ The decode stage's thread ]): up to the stage's ``lookahead``
@@ -138,7 +149,7 @@ class DecodedEpoch:
     worker's, a timeout) is raised at its turn, as without the stage.
     ``place`` is the loader's place as the batch last handed out was taken
     (``place()`` then), before the next was taken: what a state saved now
-    must resume from."""
+    must resume from, while the epoch is ``running``."""
 
     __slots__ = (
         "__weakref__",
@@ -214,6 +225,12 @@ class DecodedEpoch:
         )
         self._ahead.thread = thread
         thread.start()
+
+    @property
+    def running(self) -> bool:
+        """The epoch has not ended for the loop: its thread may be taking
+        batches, so the loader's own place may be past ``place``."""
+        return not self._ended
 
     @property
     def ahead(self) -> bool:

@@ -295,10 +295,11 @@ class TorchPrefetcher(Prefetcher):
         return self._engine.pinning  # type: ignore[return-value]
 
     def _epoch_place(self) -> tuple[int, int, list[int] | None]:
-        # The decode stage takes batch k+1 as it hands batch k out: a state
-        # saved now resumes after batch k, as handed to the loop.
+        # The decode stage's thread takes batches ahead of the loop: a state
+        # saved now resumes after the batch handed to the loop last, not
+        # after the last the thread took (the loader's own place).
         live = None if self._decoding is None else self._decoding()
-        if live is not None and live.ahead and live.place is not None:
+        if live is not None and live.running and live.place is not None:
             epoch, done, above = live.place
             return epoch, done, above
         return super()._epoch_place()
