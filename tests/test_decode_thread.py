@@ -25,6 +25,7 @@ from torch_helpers.encoded_images import (  # noqa: E402
 )
 from torch_helpers.pinning import wait_until  # noqa: E402
 
+from fastq.errors import ConfigError  # noqa: E402
 from fastq.torch import DataLoader, _decode_stage  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -271,3 +272,29 @@ def test_break_then_a_new_epoch(
     fake_gpu.gpu.run_all()
     loader.close()
     assert _stage_threads() == []
+
+
+def test_decode_lookahead_bounds_the_batches_decoded_ahead(
+    fake_gpu: OnFakeGpu, files: list[tuple[str, int, int]]
+) -> None:
+    """decode_lookahead=1: when the loop has batch k, the thread has decoded
+    batch k+1 and no further (it waits for room in its queue)."""
+    decoder = fake_gpu.decoder
+    dataset = image_files(_baseline(files), repeat=3)  # 24 files
+    loader = DataLoader(
+        dataset,
+        batch_size=4,
+        num_workers=1,
+        decode_backend=decoder,
+        decode_lookahead=1,
+    )
+    batches = len(loader)
+    for k, _ in enumerate(loader):
+        wait_until(lambda k=k: len(decoder.calls) >= min(k + 2, batches))
+        threading.Event().wait(0.05)  # room for a batch too many, if any
+        assert len(decoder.calls) == min(k + 2, batches)
+        fake_gpu.gpu.run_all()
+    loader.close()
+    assert _stage_threads() == []
+    with pytest.raises(ConfigError, match="decode_lookahead=0"):
+        DataLoader(dataset, decode_lookahead=0)

@@ -28,7 +28,7 @@ from .._faces._prefetcher import default_workers
 from .._make._state import StreamResume
 from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
 from . import _image_decode
-from ._decode_stage import collate_encoded
+from ._decode_stage import DECODE_LOOKAHEAD, collate_encoded
 from ._decoders import DEFAULT_BACKEND
 from ._even_ranks import EvenBatches, check_even_batches, ranks_group
 from ._image_decode import ImageDecode, encoded_slot_bytes
@@ -112,6 +112,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         ``torch.bfloat16`` for a bf16 step).
     channels_last : bool
         The GPU-decoded images in channels-last memory format.
+    decode_lookahead : int
+        How many GPU-decoded batches the decode stage's thread keeps ready
+        ahead of the loop (default 2): each holds its output on the device.
     even_batches : "drop" or None
         An IterableDataset under torch.distributed with several ranks:
         "drop" (the default) ends every rank's epoch at the batch the
@@ -148,6 +151,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         decode_backend: Any = DEFAULT_BACKEND,
         decode_dtype: torch.dtype = torch.float32,
         channels_last: bool = False,
+        decode_lookahead: int = DECODE_LOOKAHEAD,
         even_batches: str | None = "drop",
     ) -> None:
         num_workers = _workers(dataset, num_workers)
@@ -167,6 +171,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.decode_backend = decode_backend
         self.decode_dtype = decode_dtype
         self.channels_last = channels_last
+        self.decode_lookahead = positive_int(
+            "decode_lookahead", decode_lookahead, "e.g. 2 (the default)"
+        )
         # A copy made from this loader's attributes (Lightning's) is given
         # the stage's own collate function: not a user's.
         self._images = ImageDecode(
@@ -176,6 +183,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             channels_last,
             cuda=_image_decode.cuda_available(),
             collate_fn=None if collate_fn in (None, collate_encoded) else collate_fn,
+            lookahead=self.decode_lookahead,
         )
         if self._images.on_gpu:
             collate_fn = collate_encoded

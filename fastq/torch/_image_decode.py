@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ._decode_cuda import DecodeCuda, TorchDecodeCuda
-from ._decode_stage import DecodeStage
+from ._decode_stage import DECODE_LOOKAHEAD, DecodeStage
 from ._decode_thread import DecodedEpoch
 from ._decoders import BACKENDS, Decoder, check_backend, open_decoder
 from ._pinned import CudaRing
@@ -121,7 +121,9 @@ class ImageDecode:
         cuda: bool,
         collate_fn: Any = None,
         face: str = "fastq.torch.DataLoader",
+        lookahead: int = DECODE_LOOKAHEAD,
     ) -> None:
+        self.lookahead = lookahead
         self.backend = check_backend(backend)
         if not isinstance(dtype, torch.dtype):
             from ..errors import ConfigError
@@ -184,6 +186,7 @@ class ImageDecode:
                 dtype=self.dtype,
                 channels_last=self.channels_last,
                 path_of=self._path_of,
+                lookahead=self.lookahead,
             )
         return self.stage
 

@@ -13,12 +13,14 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from .._faces._arguments import positive_int
 from .._faces._prefetcher import Prefetcher
 from .._layout._jagged import Jagged, JaggedArray
 from .._layout._spec import BatchSpec
 from .._loop._engine import Engine, PlainBatches
 from ..errors import ConfigError, SpecError
 from . import _image_decode
+from ._decode_stage import DECODE_LOOKAHEAD
 from ._decode_thread import DecodedEpoch
 from ._decoders import DEFAULT_BACKEND
 from ._even_ranks import EvenBatches, ranks_group
@@ -148,7 +150,7 @@ class TorchPrefetcher(Prefetcher):
         that GPU, copied asynchronously on a side stream. The current stream
         waits for the copy, and the slot is freed once the copy's event has
         completed. None or ``'cpu'``: CPU tensors.
-    decode_backend, decode_dtype, channels_last
+    decode_backend, decode_dtype, channels_last, decode_lookahead
         For a dataset of encoded images (``fastq.vision.ImageFolder``, one
         with a ``decode_plan``) and a CUDA ``device``: as
         ``fastq.torch.DataLoader``'s. Batches are then ``(images, labels)``
@@ -177,10 +179,14 @@ class TorchPrefetcher(Prefetcher):
         decode_backend: Any = DEFAULT_BACKEND,
         decode_dtype: torch.dtype = torch.float32,
         channels_last: bool = False,
+        decode_lookahead: int = DECODE_LOOKAHEAD,
         **kwargs: Any,
     ) -> None:
         # Everything that can be refused is refused before a worker starts.
         arguments = _bind_prefetcher_args((source, batch_size, *args), kwargs)
+        lookahead = positive_int(
+            "decode_lookahead", decode_lookahead, "e.g. 2 (the default)"
+        )
         self._images: ImageDecode | None = None
         self._decoding: weakref.ref[DecodedEpoch] | None = None
         if getattr(source, "decode_plan", None) is not None and _names_cuda(device):
@@ -191,6 +197,7 @@ class TorchPrefetcher(Prefetcher):
                 channels_last,
                 cuda=_image_decode.cuda_available(),
                 face="fastq.torch.TorchPrefetcher",
+                lookahead=lookahead,
             )
             if images.on_gpu:
                 self._images = images
