@@ -263,7 +263,13 @@ class DecodeStage:
         for i, t in enumerate(crops):
             groups.setdefault(tuple(t.shape), []).append(i)
         for rows in groups.values():
-            x = torch.stack([crops[i] for i in rows]).float()
+            alone = len(rows) == 1
+            x = (
+                crops[rows[0]].unsqueeze(0)
+                if alone
+                else torch.stack([crops[i] for i in rows])
+            )
+            x = x.float()
             x = F.interpolate(
                 x,
                 size=size,
@@ -271,7 +277,7 @@ class DecodeStage:
                 align_corners=False,
                 antialias=self.plan.antialias,
             )
-            if len(rows) == 1:
+            if alone:
                 out[rows[0]] = x[0]
             else:
                 where = self.cuda.upload(torch.tensor(rows))  # staged: no wait
