@@ -33,13 +33,13 @@ import argparse
 import gc
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Callable
 
 import numpy as np
+from callgrind_run import instructions
 
 VARIANTS = ("prefetcher", "dropin", "dropin-torch")
 EPOCH_BATCHES = 16
@@ -125,25 +125,9 @@ def _child(shape: str, variant: str, batches: int) -> None:
         step(t)
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[name] = "1"
-    env["PYTHONHASHSEED"] = "0"
-    return env
-
-
 def _instructions(shape: str, variant: str, batches: int, tmp: str) -> int:
     out = os.path.join(tmp, f"cg.{shape}.{variant}.{batches}")
-    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-    cmd += [sys.executable, os.path.abspath(__file__), "--child"]
-    cmd += [shape, variant, str(batches)]
-    subprocess.run(cmd, env=_env(), check=True, capture_output=True)
-    with open(out) as f:
-        for line in f:
-            if line.startswith(("totals:", "summary:")):
-                return int(line.split()[1])
-    raise RuntimeError(f"no totals in {out}")
+    return instructions(__file__, ["--child", shape, variant, str(batches)], out)
 
 
 def _wall(shape: str, blocks: int, per_block: int) -> dict[str, float]:

@@ -47,6 +47,7 @@ from collections import deque
 from typing import Any, Callable
 
 import numpy as np
+from callgrind_run import instructions, quiet_env
 
 from fastq._bench.report import machine
 
@@ -117,34 +118,9 @@ def _child(shape: str, variant: str, batches: int) -> None:
         step(t)
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    # numpy's BLAS would otherwise start idle threads the counts include.
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[name] = "1"
-    env["PYTHONHASHSEED"] = "0"
-    return env
-
-
 def _instructions(shape: str, variant: str, batches: int, tmp: str) -> int:
     out = os.path.join(tmp, f"cg.{shape}.{variant}.{batches}")
-    cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        f"--callgrind-out-file={out}",
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        shape,
-        variant,
-        str(batches),
-    ]
-    subprocess.run(cmd, env=_env(), check=True, capture_output=True)
-    with open(out) as f:
-        for line in f:
-            if line.startswith("totals:") or line.startswith("summary:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no totals in {out}")
+    return instructions(__file__, ["--child", shape, variant, str(batches)], out)
 
 
 def _memcpy(path: str) -> int:
@@ -205,7 +181,9 @@ def _wall(shape: str, blocks: int, per_block: int) -> dict[str, float]:
     )
     here = os.path.dirname(os.path.abspath(__file__))
     cmd = [sys.executable, "-c", code, here, shape, str(blocks), str(per_block)]
-    res = subprocess.run(cmd, env=_env(), check=True, capture_output=True, text=True)
+    res = subprocess.run(
+        cmd, env=quiet_env(), check=True, capture_output=True, text=True
+    )
     from fastq._bench.workloads import WORKLOADS
 
     rows = WORKLOADS[shape].rows
