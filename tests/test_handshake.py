@@ -13,7 +13,6 @@ import pickle
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ from fastq._faces._first_batch import receive_map_spec
 from fastq._layout._packing import PackedSpec
 from fastq._layout._spec import BatchSpec
 from fastq._make._worker_info import WorkerInfo
+from fastq._workers._config import WorkerConfig
 from fastq._workers._handshake import (
     REPORT_LIMIT,
     FirstItemFailed,
@@ -241,20 +241,26 @@ def test_the_answers_of_a_worker_end(pipe: tuple[Any, Any]) -> None:
 
 
 def stream_config(conn: Any, source: Any, rows: int = 0) -> Any:
-    """What fastq._workers._worker_setup.await_ring reads of a WorkerConfig, for a
-    stream source in worker 0 of 1."""
-    return SimpleNamespace(
-        channel=conn,
-        first_plan=None,
+    """A WorkerConfig for a stream source in worker 0 of 1, a thread of
+    this process, with no region yet: what await_ring is given."""
+    return WorkerConfig(
         worker_id=0,
-        packed=False,
-        stream_rows=rows,
+        num_workers=1,
         source=source,
-        shuffle_buffer=0,
+        is_map=False,
+        spec=None,
+        sampler=None,
         seed=0,
-        first_pass=0,
         rank=0,
-        first_turn=0,
+        world_size=1,
+        worker_init=None,
+        region=None,
+        region_size=0,
+        consumer_pid=os.getpid(),
+        threads=None,
+        death_signal=False,
+        channel=conn,
+        stream_rows=rows,
         in_thread=True,
     )
 
