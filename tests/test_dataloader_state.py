@@ -94,7 +94,7 @@ def test_state_dict_resumes_mid_epoch_bit_identical(persistent_workers: bool) ->
     resumed.close()
 
 
-def test_state_dict_at_an_epochs_end_resumes_at_the_next() -> None:
+def test_state_dict_at_an_epochs_end_resumes_after_it() -> None:
     torch.manual_seed(5)
     ref = loader_for_state(2, False)
     want = [list(ref) for _ in range(2)]
@@ -106,7 +106,8 @@ def test_state_dict_at_an_epochs_end_resumes_at_the_next() -> None:
     resumed = loader_for_state(1, False)
     resumed.load_state_dict(state)
     assert same(list(resumed), want[1])
-    # After the last batch, before StopIteration: the next epoch too.
+    # After the last batch, before StopIteration: the rest of that epoch
+    # (nothing), then the next, as StatefulDataLoader resumes it.
     torch.manual_seed(5)
     ref = loader_for_state(2, True)
     want = [list(ref) for _ in range(2)]
@@ -121,6 +122,7 @@ def test_state_dict_at_an_epochs_end_resumes_at_the_next() -> None:
     loader.close()
     resumed = loader_for_state(2, True)
     resumed.load_state_dict(state)
+    assert list(resumed) == []
     assert same(list(resumed), want[1])
     resumed.close()
 
@@ -208,7 +210,7 @@ def test_a_state_saved_before_the_first_batch_is_the_loaded_one(
     assert json.loads(json.dumps(loader.state_dict())) == state
     it = iter(loader)
     assert json.loads(json.dumps(loader.state_dict())) == state
-    next(it)
+    next(it, None)  # (saved at the epoch's end, the rest of it is empty)
     loader.load_state_dict(state)
     assert loader.state_dict() == state
     del it
@@ -252,8 +254,9 @@ def test_save_load_save_load_run_delivers_exactly_the_rest(
     if batches < 20:
         assert len(rest) == 20 - batches
         assert same(got + rest, want[1]) and same(later, want[2])
-    else:
-        assert same(rest, want[2])
+    else:  # the rest of epoch 1 (nothing), as StatefulDataLoader's
+        assert rest == []
+        assert same(later, want[2])
 
 
 def test_a_state_saved_between_epochs_keeps_persistent_workers_seed() -> None:

@@ -1,5 +1,6 @@
 """PyTorch interop. ``from fastq.torch import DataLoader`` is the one-line
-migration from torch's DataLoader; TorchPrefetcher is the fastq-first
+migration from torch's DataLoader (StatefulDataLoader, from torchdata's);
+TorchPrefetcher is the fastq-first
 spelling (tensors over the ring's slots, a page-locked ring, copies to the
 GPU on a side stream); IterableDataset wraps a TorchPrefetcher for code that
 takes a dataset; ``install()`` puts fastq's workers behind the DataLoaders
@@ -21,11 +22,13 @@ from ._install import install, is_installed, uninstall
 from ._iterable import IterableDataset
 from ._loader_iterator import DataLoaderTimeout
 from ._prefetcher import TorchPrefetcher
+from ._stateful_loader import StatefulDataLoader
 
 __all__ = [
     "DataLoader",
     "DataLoaderTimeout",
     "IterableDataset",
+    "StatefulDataLoader",
     "TorchPrefetcher",
     "install",
     "is_installed",

@@ -14,6 +14,7 @@ over the slot, without a copy, a pickle of its arrays, or a file descriptor.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import weakref
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from ._decode_stage import DECODE_LOOKAHEAD, collate_encoded
 from ._decoders import DEFAULT_BACKEND
 from ._even_ranks import EvenBatches, check_even_batches, ranks_group
 from ._image_decode import ImageDecode, encoded_slot_bytes
+from ._in_process import in_process_epoch
 from ._loader_engine import (
     new_engine,
     rank_and_world_size,
@@ -48,10 +50,11 @@ from ._loader_state import (
     check_stateful,
     checked_batches_done,
     decode_rng,
-    replay_sampler,
     saved_state,
+    user_states,
 )
 from ._stream_state import checked_stream_state, saved_stream_state
+from ._user_state import SamplerStates, is_stateful, sampled_batches, sampler_owners
 
 __all__ = ["DataLoader", "DataLoaderTimeout"]
 
@@ -204,6 +207,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # worker), and where the next engine resumes them.
         self._streams: int | None = None
         self._stream_resume: StreamResume | None = None
+        # The state of a loop dropped mid-epoch (a `break`), until the next.
+        self._dropped: dict[str, Any] | None = None
+        # A Stateful dataset's copies in the running workers: their states
+        # as of each one's last batch delivered, by worker id.
+        self._copies: dict[str, Any] | None = None
         # The current epoch's loop, weakly: the loop refers to this loader,
         # and a cycle would keep both (and the workers) alive after the
         # loop is dropped, until a garbage-collector pass.
@@ -276,8 +284,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         # The last epoch's decode thread takes no batch once this one begins.
         self._images.stop_epoch()
+        self._dropped = None
         if self.num_workers == 0:
-            return self._decoded(super().__iter__())
+            if self._dataset_kind != MAP_STYLE:
+                return self._decoded(super().__iter__())
+            return in_process_epoch(self)
         if self.pin_memory and not self._warned_pin:
             self._warned_pin = True
             warn_as_dataloader_pins(self.pin_memory_device)
@@ -308,28 +319,32 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             if engine is None:
                 engine = self._start(None, epoch)
                 self._stream_resume = None  # the new engine's, once
-            stream = iter(()) if engine is None else self._decoded(iter(engine))
+            stream = iter(()) if engine is None else iter(engine)
             group = ranks_group() if self.even_batches else None
             if group is not None:
                 stream = EvenBatches(stream, group)
-            return self._loop(stream, epoch, 0, rng, loaded)
+            return self._loop(stream, epoch, 0, rng, None, loaded=loaded)
         rng = generator.get_state()  # as the sampler starts to draw
         skip = 0 if resume is None else int(resume["batches_done"])
-        batches = iter(self._index_sampler)
-        if not self._auto_collation:
-            batches = ([i] for i in batches)
-        for _ in range(skip):  # delivered before the state was saved
-            next(batches, None)
+        dataset_states = None if resume is None else user_states(resume)[1]
+        if engine is None:  # new workers, new copies of the dataset
+            # (Not beside the GPU decode stage, which takes the batches as
+            # the workers made them.)
+            stateful = is_stateful(self.dataset) and not self._images.on_gpu
+            self._copies = dict(dataset_states or {}) if stateful else None
+        saved = None if resume is None else user_states(resume)[0]
+        batches, samplers = sampled_batches(self, saved, skip)
         if engine is not None:
             it = engine.begin_epoch(batches, epoch, skip)
-            return self._loop(it, epoch, skip, rng, loaded)
+            return self._loop(it, epoch, skip, rng, samplers, loaded=loaded)
         first = next(batches, None)
         if first is None:  # an empty epoch
-            return self._loop(iter(()), epoch, skip, rng, loaded)
-        engine = self._start(itertools.chain([first], batches), epoch, skip)
+            return self._loop(iter(()), epoch, skip, rng, samplers, loaded=loaded)
+        carried = None if self._copies is None else dict(self._copies)
+        engine = self._start(itertools.chain([first], batches), epoch, skip, carried)
         assert engine is not None
         it = engine.begin_epoch(iter(()), epoch)
-        return self._loop(it, epoch, skip, rng, loaded)
+        return self._loop(it, epoch, skip, rng, samplers, loaded=loaded)
 
     def _loop(
         self,
@@ -337,12 +352,24 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         epoch: int,
         done: int,
         rng: torch.Tensor,
-        loaded: dict[str, Any] | None,
+        samplers: SamplerStates | None,
+        seed: int | None = None,
+        loaded: dict[str, Any] | None = None,
     ) -> LoaderIterator:
-        it = self._decoded(it)
-        return self._register(
-            LoaderIterator(self, it, epoch, done, self._seed, rng, loaded)
+        live = LoaderIterator(
+            self,
+            self._decoded(it),
+            epoch,
+            done,
+            self._seed if seed is None else seed,
+            rng,
+            loaded,
         )
+        live.samplers = samplers
+        if self._copies is not None and self.num_workers > 0:
+            live.copies = self._copies
+            live.carrying = True
+        return self._register(live)
 
     def _decoded(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The epoch's batches, decoded on the GPU if its images are
@@ -365,47 +392,86 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     # -------------------------------------------------------------- state
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is, as a small JSON-serialisable dict, for a
-        checkpoint (StatefulDataLoader's method, map-style datasets): the
-        epoch, the batches of it delivered, the base seed and the sampler
-        generator's state as the epoch began. ``load_state_dict`` in a new
-        process continues with the rest of that epoch and every later one,
-        bit-identical to a run that never stopped, with any
-        ``num_workers > 0``. For an IterableDataset: the epoch and each of
-        its iterators' batches delivered, resumed with any
-        ``num_workers > 0`` in the same order (``fastq/torch/_stream_state.py``)."""
+        """Where this loader is, as a small dict, for a checkpoint
+        (StatefulDataLoader's method, any ``num_workers``): the epoch, the
+        batches of it delivered, the base seed and the sampler generator's
+        state as the epoch began, and the states of a sampler, batch
+        sampler, sampler iterator or dataset that has
+        ``state_dict()``/``load_state_dict()`` (torchdata's ``Stateful``),
+        asked where each lives. JSON-serialisable where those states are.
+        ``load_state_dict`` in a new process continues with the rest of
+        that epoch and every later one, bit-identical to a run that never
+        stopped, with any ``num_workers``. For an IterableDataset: the
+        epoch and each of its iterators' batches delivered, resumed with
+        any ``num_workers > 0`` in the same order
+        (``fastq/torch/_stream_state.py``)."""
         if self._dataset_kind != MAP_STYLE and self.num_workers > 0:
             return self._stream_state()
         check_stateful(self)
         if self._loaded is not None:  # loaded, no loop begun from it yet
-            return dict(self._loaded)
+            return copy.deepcopy(self._loaded)
         live = self._current_loop()
-        if live is not None and live.in_epoch:
-            loaded = live.as_loaded()
-            if loaded is not None:
-                return dict(loaded)
-            return saved_state(self, live.epoch, live.done, live.seed, live.rng)
+        if live is not None and live.in_epoch and not live.superseded:
+            return self._state_of(live)
+        if self._dropped is not None:
+            return copy.deepcopy(self._dropped)
         # Between epochs: the next starts as the uninterrupted run's, with
         # the base seed persistent workers keep (also once closed: the next
         # iter() starts them with it).
         seed = self._seed if self.persistent_workers else None
         rng = (self.generator or torch.default_generator).get_state()
-        return saved_state(self, self._epoch, 0, seed, rng)
+        owners = sampler_owners(self)
+        samplers = {n: o.state_dict() for n, o in owners.items()} or None
+        if self.num_workers == 0:
+            datasets = self._own_dataset_state(None)
+        else:
+            datasets = self._copies if self.persistent_workers else None
+        return saved_state(self, self._epoch, 0, seed, rng, samplers, datasets)
+
+    def _state_of(self, live: LoaderIterator) -> dict[str, Any]:
+        loaded = live.as_loaded()
+        if loaded is not None:  # begun from a loaded state, no batch yet
+            return copy.deepcopy(loaded)
+        samplers = None if live.samplers is None else live.samplers.at(live.done)
+        if live.inline:
+            datasets = self._own_dataset_state(live.copies)
+        else:
+            datasets = live.copies
+        return saved_state(
+            self, live.epoch, live.done, live.seed, live.rng, samplers, datasets
+        )
+
+    def _own_dataset_state(self, copies: dict[str, Any] | None) -> Any:
+        """With num_workers=0, the dataset's state, as worker 0's (the state
+        loaded, until the dataset has it)."""
+        if not is_stateful(self.dataset):
+            return None
+        if copies:
+            return dict(copies)
+        return {"0": self.dataset.state_dict()}  # type: ignore[attr-defined]
+
+    def _loop_dropped(self, live: LoaderIterator) -> None:
+        if not live.superseded:
+            self._dropped = self._state_of(live)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter()`` resumes where ``state`` (from ``state_dict()``)
-        was saved. Without a ``generator=``, torch's global generator is set
-        to the state it had when that epoch began, as the uninterrupted run
-        had it. A loop begun before this call ends with a ConfigError at
-        its next batch (it would otherwise silently restart)."""
+        was saved: the rest of its epoch (none, for a state saved after the
+        epoch's last batch), then the next ones. Without a ``generator=``,
+        torch's global generator is set to the state it had when that
+        epoch began, as the uninterrupted run had it. A loop begun before
+        this call ends with a ConfigError at its next batch (it would
+        otherwise silently restart)."""
         if self._dataset_kind != MAP_STYLE and self.num_workers > 0:
             self._load_stream_state(state)
             return
         check_stateful(self)
-        done = checked_batches_done(self, state)
+        checked_batches_done(self, state)
+        user_states(state)
         live = self._current_loop()
         if live is not None:
             live.superseded = True
+        self._dropped = None
         self.close()  # workers restart with the state's seed
         self._seed = state.get("seed")
         self._seed_from_state = self._seed is not None
@@ -414,14 +480,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # checkpoint saved at the first step (a preemption handler right
         # after a restart) must not lose it, nor respell an epoch's end.
         self._loaded = dict(state)
-        if done < len(self):
-            self._resume = state
-            return
-        self._resume = None  # saved after the epoch's last batch
-        replay_sampler(self, state["rng_state"])
-        if not self.persistent_workers:
-            self._seed, self._seed_from_state = None, False
-        self.set_epoch(state["epoch"] + 1)
+        self._resume = state
 
     def _stream_state(self) -> dict[str, Any]:
         """state_dict() of an IterableDataset: each lane's batches of the
@@ -504,12 +563,18 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             ) & ((1 << 63) - 1)
 
     def _start(
-        self, batches: Iterator[Any] | None, epoch: int, first_batch: int = 0
+        self,
+        batches: Iterator[Any] | None,
+        epoch: int,
+        first_batch: int = 0,
+        dataset_states: dict[str, Any] | None = None,
     ) -> PlannedLoader | None:
-        """Starts the workers (at the first iter(), never at construction).
+        """Starts the workers (at the first iter(), never at construction);
+        a Stateful dataset's copies (`dataset_states` not None) send their
+        states with their batches and load `dataset_states`, by worker id.
         None for an iterable dataset with nothing in it."""
         try:
-            engine = new_engine(self, batches, epoch, first_batch)
+            engine = new_engine(self, batches, epoch, first_batch, dataset_states)
         except EmptySource:
             if batches is None:
                 return None  # an iterable dataset with nothing in it
@@ -525,6 +590,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """Stops the workers now (they also stop when the loader is garbage,
         at exit, and after each epoch without persistent_workers)."""
         engine, self._engine = self._engine, None
+        self._copies = None  # the next workers' copies start from the dataset
         try:
             self._images.stop_epoch(wait=False)
             if engine is not None:
@@ -551,6 +617,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         state = self.__dict__.copy()
         state["_engine"] = None
         state["_live"] = None
+        state["_copies"] = None
         return state
 
     # accelerate's Accelerator.prepare_data_loader() reads this attribute of

@@ -58,13 +58,23 @@ def new_engine(
     batches: Iterator[Any] | None,
     epoch: int,
     first_batch: int,
+    dataset_states: dict[str, Any] | None = None,
 ) -> PlannedLoader:
     """The engine of DataLoader's arguments: a map-style dataset's batches
-    from `batches` (planned indices), else the iterable dataset's own."""
+    from `batches` (planned indices), else the iterable dataset's own. A
+    Stateful map-style dataset's copies (with `dataset_states` not None)
+    load `dataset_states` (by worker
+    id) and send their states with their batches."""
     assert loader._seed is not None
     collate = loader.collate_fn
     if batches is not None:
-        source: Any = MapSource(loader.dataset, collate, loader._auto_collation)
+        source: Any = MapSource(
+            loader.dataset,
+            collate,
+            loader._auto_collation,
+            carry_state=dataset_states is not None,
+            states=dataset_states or None,
+        )
     else:
         warn_fewer_shards(loader.dataset, loader._streams or loader.num_workers)
         source = IterableSource(

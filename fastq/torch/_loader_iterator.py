@@ -5,6 +5,7 @@ timeout as DataLoader's RuntimeError."""
 from __future__ import annotations
 
 import contextlib
+import pickle
 import warnings
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ class EpochOwner(Protocol):
     def close(self) -> None: ...
     def _current_loop(self) -> Any: ...
     def _epoch_begun(self) -> None: ...
+    def _loop_dropped(self, loop: Any) -> None: ...
 
 
 class DataLoaderTimeout(FetchTimeout, RuntimeError):
@@ -37,7 +39,12 @@ class LoaderIterator:
     DataLoader's. It keeps the epoch's place for state_dict(): the batches
     delivered (a failed one included, as it is gone), the base seed and
     the sampler generator's state as the epoch began; begun from a loaded
-    state, that state until its first batch."""
+    state, that state until its first batch; with Stateful samplers, their
+    states by batches drawn (``samplers``); with a Stateful dataset, each
+    worker copy's state as of its last batch delivered (``copies``, the
+    loader's, by worker id), which the workers send with each batch
+    (``carrying``). In this process (``inline``, torch's own iterator), any
+    exception of a batch uses the batch up."""
 
     __slots__ = (
         "__weakref__",
@@ -47,10 +54,14 @@ class LoaderIterator:
         "_it",
         "_loaded",
         "_loader",
+        "carrying",
+        "copies",
         "done",
         "epoch",
         "in_epoch",
+        "inline",
         "rng",
+        "samplers",
         "seed",
         "superseded",
     )
@@ -77,6 +88,10 @@ class LoaderIterator:
         self.rng = rng
         self.in_epoch = True
         self.superseded = False  # a state was loaded while it ran
+        self.samplers: Any = None
+        self.copies: dict[str, Any] | None = None
+        self.carrying = False
+        self.inline = False
 
     def __iter__(self) -> LoaderIterator:
         return self
@@ -115,14 +130,20 @@ class LoaderIterator:
         except FetchTimeout as exc:
             raise as_dataloader_timeout(exc) from None
         except Exception as exc:
-            if getattr(
-                exc, "fastq_batch_spent", False
-            ):  # a file that cannot be decoded
+            # In this process (torch's iterator) the sampler drew it, and a
+            # file that cannot be decoded spent it: either way it is gone.
+            if self.inline or getattr(exc, "fastq_batch_spent", False):
                 self.done += 1
                 self._mark_begun()
             raise
         self._handed += 1
         self.done += 1
+        if self.carrying:
+            batch, worker, state = batch
+            assert self.copies is not None
+            self.copies[str(worker)] = pickle.loads(state)
+        if self.samplers is not None:
+            self.samplers.forget_before(self.done)
         loader = self._loader
         reported = loader._IterableDataset_len_called
         if reported is not None and self._handed > reported:
@@ -149,11 +170,15 @@ class LoaderIterator:
         # None already, and the workers closed (NOTE [ A face left open is
         # closed before the interpreter's teardown ] in fastq/_faces/_face.py).
         loader = self._loader
-        if (
-            self.in_epoch
-            and not loader.persistent_workers
-            and loader._current_loop() is self
-        ):
+        if not self.in_epoch or loader._current_loop() is not self:
+            return
+        try:  # noqa: SIM105 (contextlib is a module global)
+            # Dropped mid-epoch (a `break` out of a for loop): state_dict()
+            # still says where it stopped, as StatefulDataLoader's does.
+            loader._loop_dropped(self)
+        except Exception:  # never raise from __del__
+            pass
+        if not loader.persistent_workers:
             try:  # noqa: SIM105 (contextlib is a module global)
                 loader.close()
             except Exception:  # never raise from __del__

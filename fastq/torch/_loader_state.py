@@ -16,11 +16,10 @@ STATE_FORMAT = "fastq.torch.DataLoader/1"
 
 
 def check_stateful(loader: DataLoader[Any]) -> None:
-    if loader.num_workers == 0:
+    if loader._dataset_kind != MAP_STYLE and loader.num_workers == 0:
         raise TypeError(
             "state_dict()/load_state_dict(): fastq.torch.DataLoader saves "
-            "its place with num_workers > 0; num_workers=0 runs torch's own "
-            "loader"
+            "an IterableDataset's place with num_workers > 0"
         )
 
 
@@ -30,10 +29,13 @@ def saved_state(
     done: int,
     seed: int | None,
     rng: torch.Tensor,
+    samplers: dict[str, Any] | None,
+    datasets: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The record of an epoch with `done` batches delivered, its base seed
     and the sampler generator's state as it began, with what the loader
-    that loads it must match."""
+    that loads it must match, and the states of the user's objects that
+    keep their own (fastq/torch/_user_state.py), by where they live."""
     return {
         "format": STATE_FORMAT,
         "epoch": epoch,
@@ -43,7 +45,23 @@ def saved_state(
         "samples": len(loader.dataset),  # type: ignore[arg-type]
         "batches": len(loader),
         "world_size": _world_size(loader),
+        "user_states": {
+            "samplers": samplers,
+            "datasets": None if datasets is None else dict(datasets),
+        },
     }
+
+
+def user_states(state: dict[str, Any]) -> tuple[Any, Any]:
+    """A saved state's (samplers, datasets) states, None where it has none
+    (also a state from before they were saved)."""
+    saved = state.get("user_states") or {}
+    if not isinstance(saved, dict):
+        raise ConfigError(
+            f"state['user_states']={saved!r}: expected a dict, as state_dict() "
+            "writes it"
+        )
+    return saved.get("samplers"), saved.get("datasets")
 
 
 def checked_batches_done(loader: DataLoader[Any], state: Any) -> int:
@@ -89,16 +107,6 @@ def checked_batches_done(loader: DataLoader[Any], state: Any) -> int:
 def decode_rng(text: str) -> torch.Tensor:
     data = bytearray(base64.b64decode(text))
     return torch.frombuffer(data, dtype=torch.uint8).clone()
-
-
-def replay_sampler(loader: DataLoader[Any], rng_state: str) -> None:
-    """The sampler's draws for an epoch saved after its last batch, made
-    again (indices only) from the generator state that epoch began with,
-    so the next epoch starts from the state the uninterrupted run had."""
-    generator = loader.generator or torch.default_generator
-    generator.set_state(decode_rng(rng_state))
-    for _ in loader._index_sampler:
-        pass
 
 
 def _world_size(loader: DataLoader[Any]) -> int:

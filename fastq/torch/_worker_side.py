@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
@@ -252,15 +253,53 @@ class _TorchSource:
 class MapSource(_TorchSource):
     """DataLoader's map-style fetch: the planned indices through
     ``__getitems__`` or ``dataset[i]``, then collate_fn; or, without
-    automatic batching, one index and collate_fn of its sample."""
+    automatic batching, one index and collate_fn of its sample.
+
+    With ``carry_state`` (a dataset with state_dict()/load_state_dict()),
+    each batch travels as ``(batch, worker id, pickled state of this
+    worker's copy)`` (NOTE [ Where a user object's state is asked ] in
+    fastq/torch/_user_state.py), and the copy loads its entry of
+    ``states`` (by worker id) before its first batch."""
 
     def __init__(
-        self, dataset: Any, collate_fn: Callable[[Any], Any], auto_collation: bool
+        self,
+        dataset: Any,
+        collate_fn: Callable[[Any], Any],
+        auto_collation: bool,
+        *,
+        carry_state: bool = False,
+        states: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(dataset, collate_fn)
         self.auto_collation = auto_collation
+        self.carry_state = carry_state
+        self._states = states
+        self._worker = -1
+
+    def start_worker(self, info: WorkerInfo) -> None:
+        super().start_worker(info)
+        self._worker = info.id
+
+    def reseed(self, seed: int) -> None:
+        if self._states is not None:  # after worker_init_fn, once
+            saved, self._states = self._states.get(str(self._worker)), None
+            if saved is not None:
+                self.dataset.load_state_dict(saved)
+                if self._seeded is not None:
+                    # A generator state the dataset restores (torchdata's
+                    # examples do) is not the user seeding it: each batch is
+                    # still seeded from its number, which resumes it exactly.
+                    self._seeded = torch.initial_seed()
+        super().reseed(seed)
 
     def make(self, indices: Sequence[Any]) -> Any:
+        batch = self._make(indices)
+        if not self.carry_state:
+            return batch
+        state = self.dataset.state_dict()
+        return (batch, self._worker, pickle.dumps(state, pickle.HIGHEST_PROTOCOL))
+
+    def _make(self, indices: Sequence[Any]) -> Any:
         dataset = self.dataset
         if not self.auto_collation:
             self.position = 0
