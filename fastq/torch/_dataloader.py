@@ -423,7 +423,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         owners = sampler_owners(self)
         samplers = {n: o.state_dict() for n, o in owners.items()} or None
         if self.num_workers == 0:
-            datasets = self._own_dataset_state(None)
+            datasets = self._own_dataset_state()
         else:
             datasets = self._copies if self.persistent_workers else None
         return saved_state(self, self._epoch, 0, seed, rng, samplers, datasets)
@@ -434,20 +434,17 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return copy.deepcopy(loaded)
         samplers = None if live.samplers is None else live.samplers.at(live.done)
         if live.inline:
-            datasets = self._own_dataset_state(live.copies)
+            datasets = self._own_dataset_state()
         else:
             datasets = live.copies
         return saved_state(
             self, live.epoch, live.done, live.seed, live.rng, samplers, datasets
         )
 
-    def _own_dataset_state(self, copies: dict[str, Any] | None) -> Any:
-        """With num_workers=0, the dataset's state, as worker 0's (the state
-        loaded, until the dataset has it)."""
+    def _own_dataset_state(self) -> Any:
+        """With num_workers=0, the dataset's state, as worker 0's."""
         if not is_stateful(self.dataset):
             return None
-        if copies:
-            return dict(copies)
         return {"0": self.dataset.state_dict()}  # type: ignore[attr-defined]
 
     def _loop_dropped(self, live: LoaderIterator) -> None:

@@ -16,7 +16,6 @@ from ._user_state import (
     is_stateful,
     load_iterator,
     load_samplers,
-    restored_at_first_index,
     sampler_owners,
 )
 
@@ -26,8 +25,11 @@ def in_process_epoch(loader: Any) -> LoaderIterator:
     single-process iterator, resumed where a loaded state says: the
     generator as the epoch's sampler began to draw, the samplers' states
     loaded (or the batches delivered drawn again), and the dataset's state
-    loaded once the sampler drew its first index (torch's RandomSampler
-    takes its seed from the generator then, before the dataset's draws)."""
+    loaded where it was saved in the generator's draws: before the
+    iterator's base seed for a state saved between epochs, else after the
+    batches delivered were drawn (a dataset that saves torch's generator
+    state, as torchdata's examples do, then draws as the uninterrupted run
+    did)."""
     epoch = loader._next_epoch()
     generator = loader.generator or torch.default_generator
     resume, loader._resume = loader._resume, None
@@ -35,8 +37,15 @@ def in_process_epoch(loader: Any) -> LoaderIterator:
     samplers_saved, datasets_saved = (
         (None, None) if resume is None else user_states(resume)
     )
+    dataset = loader.dataset
+    dataset_saved = None
+    if datasets_saved and is_stateful(dataset):
+        dataset_saved = datasets_saved.get("0")
     if resume is not None and resume["seed"] is None:
         generator.set_state(decode_rng(resume["rng_state"]))
+        if dataset_saved is not None:
+            dataset.load_state_dict(dataset_saved)
+            dataset_saved = None
     owners = sampler_owners(loader)
     if samplers_saved is not None:
         load_samplers(owners, samplers_saved)
@@ -52,27 +61,16 @@ def in_process_epoch(loader: Any) -> LoaderIterator:
     else:
         for _ in range(skip):  # delivered before the state was saved
             next(indices, None)
+    if dataset_saved is not None:
+        dataset.load_state_dict(dataset_saved)
     samplers = None
     if owners or is_stateful(indices):
         samplers = SamplerStates(owners)
         samplers.begin(indices, skip, samplers_saved)
-        indices = samplers.drawing(indices, skip)
-    copies: dict[str, Any] | None = None
-    dataset = loader.dataset
-    if is_stateful(dataset):
-        copies = {}
-        if datasets_saved and "0" in datasets_saved:
-            copies["0"] = datasets_saved["0"]  # what state_dict() says until loaded
-
-            def restore() -> None:
-                dataset.load_state_dict(copies.pop("0"))
-
-            indices = restored_at_first_index(indices, restore)
-    it._sampler_iter = indices
+        it._sampler_iter = samplers.drawing(indices, skip)
     seed = int(it._base_seed) & ((1 << 63) - 1)
     live: LoaderIterator = loader._loop(
         it, epoch, skip, rng, samplers, seed, loaded=loaded
     )
     live.inline = True
-    live.copies = copies
     return live

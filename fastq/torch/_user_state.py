@@ -123,19 +123,6 @@ def load_iterator(iterator: Any, saved: dict[str, Any]) -> None:
     iterator.load_state_dict(saved["iterator"])
 
 
-def restored_at_first_index(indices: Iterator[Any], restore: Any) -> Iterator[Any]:
-    """`indices`, calling `restore()` once its first index is drawn: a
-    dataset's state loaded after the sampler's first draw, which may take
-    its seed from torch's generator (RandomSampler does), as the
-    uninterrupted run drew it before the dataset's own draws."""
-    it = iter(indices)
-    for index in it:
-        restore()
-        yield index
-        break
-    yield from it
-
-
 def sampled_batches(
     loader: Any, saved: dict[str, Any] | None, skip: int
 ) -> tuple[Iterator[Any], SamplerStates | None]:
