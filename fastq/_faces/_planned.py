@@ -84,12 +84,16 @@ class PlannedLoader(Face):
         pinning: Callable[[], SlotPinning] | None = None,
         streams: int = 0,
         stream_resume: StreamResume | None = None,
+        skip: frozenset[int] = frozenset(),
     ) -> None:
         self._pid = os.getpid()
         self._closed = True
         self._engine = Engine(pinning)
         self._batches = _PackedBatches(self._engine, source.codec, slots, convert)
         self.ordered = ordered
+        # Unordered (or skipping): the number in its epoch of the batch (or
+        # error) handed out last, for a state naming the batches delivered.
+        self.last_batch = -1
         self.timeout = timeout
         self.workers = workers
         self.slots = slots
@@ -119,6 +123,7 @@ class PlannedLoader(Face):
                 first_batch=first_batch,
                 ordered=ordered,
                 fail=self._engine.fail,
+                skip=skip,
             )
             max_rows = self._planner.max_rows
             # Every worker begins at once (NOTE [ The kept first batch ] in
@@ -272,10 +277,16 @@ class PlannedLoader(Face):
         self._planner.fill(self._engine.feed.consumer.next_task)
 
     def begin_epoch(
-        self, batches: Iterator[Sequence[Any]], epoch: int, first_batch: int = 0
+        self,
+        batches: Iterator[Sequence[Any]],
+        epoch: int,
+        first_batch: int = 0,
+        skip: frozenset[int] = frozenset(),
     ) -> Iterator[Any]:
         """One epoch over ``batches`` (the sampler's index lists), whose
-        first is the epoch's batch ``first_batch``."""
+        first is the epoch's batch ``first_batch``, dropping the batches
+        numbered in ``skip`` (delivered out of order before a resumed
+        state)."""
         self._check_open()
         planner = self._planner
         assert planner is not None
@@ -287,7 +298,7 @@ class PlannedLoader(Face):
                 raise RuntimeError("an engine still sizing its slots serves one epoch")
             feed, ring = self._engine.feed, self._engine.ring
             assert feed is not None and ring is not None
-            start = planner.begin(batches, epoch, first_batch)
+            start = planner.begin(batches, epoch, first_batch, skip)
             # Tasks claimed past the plan wait for this epoch's plans; the
             # abandoned epoch's unclaimed ones are skipped, and whatever of
             # it is in flight is dropped when it arrives.
@@ -321,10 +332,12 @@ class PlannedLoader(Face):
         c = feed.consumer
         planner.fill(c.next_task)
         done = c.handed + self._prober.handed - handed0 + planner.epoch_first
-        if done >= planner.epoch_count and planner.exhausted:
+        if done + planner.skipped >= planner.epoch_count and planner.exhausted:
             raise StopIteration
         lease = feed.next_lease(planner.epoch_start, planner.planned)
         task = lease.task
+        if planner.numbers:
+            self.last_batch = planner.numbers.pop(task, -1)
         try:
             batch = feed.hand_out(lease)
         finally:

@@ -15,7 +15,9 @@ from ..errors import ConfigError
 
 class Planner:
     """One epoch at a time over ``batches`` (an iterator of index lists),
-    whose first is the epoch's batch ``first_batch``. Task t is written
+    whose first is the epoch's batch ``first_batch``; the batches numbered
+    in ``skip`` (delivered out of order before a resumed state) are drawn
+    and dropped, unplanned. Task t is written
     only once task t - ``entries`` is done with (handed out or dropped),
     so the table never overwrites a plan a worker may still read.
 
@@ -35,6 +37,7 @@ class Planner:
         first_batch: int,
         ordered: bool,
         fail: Callable[[BaseException], NoReturn],
+        skip: frozenset[int] = frozenset(),
     ) -> None:
         self.entries = entries
         self._fail = fail
@@ -49,8 +52,13 @@ class Planner:
         # epoch starts at first_batch: those before it were delivered).
         self.epoch_first = first_batch
         self.epoch_count = first_batch
+        self.skip = skip
+        self.skipped = 0  # of the epoch's batches, those dropped for skip
         # Planned tasks not yet handed out, for the errors that name them.
         self.indices: dict[int, Sequence[Any]] = {}
+        # Unordered (or skipping): each planned task's batch number, until
+        # handed out.
+        self.numbers: dict[int, int] = {}
         self.table: PlanTable | None = None
         self._ring: Ring | None = None
         self.take_ahead(entries)
@@ -68,17 +76,32 @@ class Planner:
                 self.exhausted = True
                 return
 
+    def _next_indices(self) -> Sequence[Any] | None:
+        """The next batch's indices to plan (numbered epoch_count), past
+        those in skip; None once the epoch's sampler has run out."""
+        while True:
+            if not self.ahead:
+                self.take_ahead(1)
+                if not self.ahead:
+                    return None
+            indices = self.ahead.popleft()
+            if self.epoch_count not in self.skip:
+                return indices
+            self.epoch_count += 1
+            self.skipped += 1
+
     def next_plan(self) -> Plan | None:
         """The epoch's next batch, planned as a task, before the ring
         exists (None: the epoch is over)."""
-        self.take_ahead(1)
-        if not self.ahead:
+        indices = self._next_indices()
+        if indices is None:
             return None
-        indices = self.ahead.popleft()
         self.check_rows(indices)
         task = self.planned
         self.planned += 1
         self.indices[task] = indices
+        if self.skip or not self.ordered:
+            self.numbers[task] = self.epoch_count
         self.epoch_count += 1
         return Plan(task, self.epoch, self.epoch_count - 1, list(indices))
 
@@ -119,14 +142,14 @@ class Planner:
             limit = min(self.indices) + self.entries
         task = self.planned
         while task < limit:
-            if not self.ahead:
-                self.take_ahead(1)
-                if not self.ahead:
-                    break
-            indices = self.ahead.popleft()
+            indices = self._next_indices()
+            if indices is None:
+                break
             self.check_rows(indices)
             table.write(task, self.epoch, self.epoch_count, indices)
             self.indices[task] = indices
+            if self.skip or not self.ordered:
+                self.numbers[task] = self.epoch_count
             self.epoch_count += 1
             task += 1
         if task != self.planned:
@@ -134,12 +157,19 @@ class Planner:
             ring.set_planned(task)
 
     def begin(
-        self, batches: Iterator[Sequence[Any]], epoch: int, first_batch: int
+        self,
+        batches: Iterator[Sequence[Any]],
+        epoch: int,
+        first_batch: int,
+        skip: frozenset[int] = frozenset(),
     ) -> int:
         """A new epoch from the next task to plan, which it returns."""
         start = self.planned
         self.indices.clear()
+        self.numbers.clear()
         self.ahead.clear()
+        self.skip = skip
+        self.skipped = 0
         self.batches = batches
         self.exhausted = False
         self.epoch = epoch

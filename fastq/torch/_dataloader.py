@@ -50,6 +50,7 @@ from ._loader_state import (
     check_stateful,
     checked_batches_done,
     decode_rng,
+    delivered_past,
     saved_state,
     user_states,
 )
@@ -326,6 +327,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return self._loop(stream, epoch, 0, rng, None, loaded=loaded)
         rng = generator.get_state()  # as the sampler starts to draw
         skip = 0 if resume is None else int(resume["batches_done"])
+        past = frozenset() if resume is None else delivered_past(resume)
         dataset_states = None if resume is None else user_states(resume)[1]
         if engine is None:  # new workers, new copies of the dataset
             # (Not beside the GPU decode stage, which takes the batches as
@@ -334,17 +336,22 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self._copies = dict(dataset_states or {}) if stateful else None
         saved = None if resume is None else user_states(resume)[0]
         batches, samplers = sampled_batches(self, saved, skip)
-        if engine is not None:
-            it = engine.begin_epoch(batches, epoch, skip)
-            return self._loop(it, epoch, skip, rng, samplers, loaded=loaded)
-        first = next(batches, None)
-        if first is None:  # an empty epoch
-            return self._loop(iter(()), epoch, skip, rng, samplers, loaded=loaded)
-        carried = None if self._copies is None else dict(self._copies)
-        engine = self._start(itertools.chain([first], batches), epoch, skip, carried)
-        assert engine is not None
-        it = engine.begin_epoch(iter(()), epoch)
-        return self._loop(it, epoch, skip, rng, samplers, loaded=loaded)
+        if engine is None:
+            first = next(batches, None)
+            if first is None:  # an empty epoch
+                return self._loop(iter(()), epoch, skip, rng, samplers, loaded=loaded)
+            batches = itertools.chain([first], batches)
+            carried = None if self._copies is None else dict(self._copies)
+            engine = self._start(batches, epoch, skip, carried, past)
+            assert engine is not None
+            it = engine.begin_epoch(iter(()), epoch)
+        else:
+            it = engine.begin_epoch(batches, epoch, skip, past)
+        live = self._loop(it, epoch, skip, rng, samplers, loaded=loaded)
+        if past or not self.in_order:  # the batches delivered, by number
+            live.numbered = engine
+            live.delivered = set(past)
+        return live
 
     def _loop(
         self,
@@ -432,13 +439,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         loaded = live.as_loaded()
         if loaded is not None:  # begun from a loaded state, no batch yet
             return copy.deepcopy(loaded)
-        samplers = None if live.samplers is None else live.samplers.at(live.done)
+        done = live.place
+        samplers = None if live.samplers is None else live.samplers.at(done)
+        delivered = None if live.numbered is None else sorted(live.delivered)
         if live.inline:
             datasets = self._own_dataset_state()
         else:
             datasets = live.copies
         return saved_state(
-            self, live.epoch, live.done, live.seed, live.rng, samplers, datasets
+            self, live.epoch, done, live.seed, live.rng, samplers, datasets, delivered
         )
 
     def _own_dataset_state(self) -> Any:
@@ -565,13 +574,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         epoch: int,
         first_batch: int = 0,
         dataset_states: dict[str, Any] | None = None,
+        past: frozenset[int] = frozenset(),
     ) -> PlannedLoader | None:
         """Starts the workers (at the first iter(), never at construction);
         a Stateful dataset's copies (`dataset_states` not None) send their
-        states with their batches and load `dataset_states`, by worker id.
+        states with their batches and load `dataset_states`, by worker id;
+        the batches numbered in `past` were delivered before a loaded state.
         None for an iterable dataset with nothing in it."""
         try:
-            engine = new_engine(self, batches, epoch, first_batch, dataset_states)
+            engine = new_engine(self, batches, epoch, first_batch, dataset_states, past)
         except EmptySource:
             if batches is None:
                 return None  # an iterable dataset with nothing in it

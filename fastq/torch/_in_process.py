@@ -4,13 +4,14 @@ epochs do."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.utils.data
 
 from ._loader_iterator import LoaderIterator
-from ._loader_state import decode_rng, user_states
+from ._loader_state import decode_rng, delivered_past, user_states
 from ._user_state import (
     SamplerStates,
     is_stateful,
@@ -68,9 +69,37 @@ def in_process_epoch(loader: Any) -> LoaderIterator:
         samplers = SamplerStates(owners)
         samplers.begin(indices, skip, samplers_saved)
         it._sampler_iter = samplers.drawing(indices, skip)
+    past = frozenset() if resume is None else delivered_past(resume)
+    numbers = None
+    if past:
+        numbers = DrawnNumbers(it._sampler_iter, skip, past)
+        it._sampler_iter = iter(numbers)
     seed = int(it._base_seed) & ((1 << 63) - 1)
     live: LoaderIterator = loader._loop(
         it, epoch, skip, rng, samplers, seed, loaded=loaded
     )
     live.inline = True
+    if numbers is not None:
+        live.numbered = numbers
+        live.delivered = set(past)
     return live
+
+
+class DrawnNumbers:
+    """An epoch's index lists from batch `first` on, dropping those numbered
+    in `past` (delivered out of order before a loaded state), with the
+    number of the one drawn last."""
+
+    def __init__(self, indices: Iterator[Any], first: int, past: frozenset[int]):
+        self._indices = indices
+        self._first = first
+        self._past = past
+        self.last_batch = -1
+
+    def __iter__(self) -> Iterator[Any]:
+        number = self._first
+        for index in self._indices:
+            if number not in self._past:
+                self.last_batch = number
+                yield index
+            number += 1

@@ -59,12 +59,14 @@ def new_engine(
     epoch: int,
     first_batch: int,
     dataset_states: dict[str, Any] | None = None,
+    skip: frozenset[int] = frozenset(),
 ) -> PlannedLoader:
     """The engine of DataLoader's arguments: a map-style dataset's batches
     from `batches` (planned indices), else the iterable dataset's own. A
     Stateful map-style dataset's copies (with `dataset_states` not None)
-    load `dataset_states` (by worker
-    id) and send their states with their batches."""
+    load `dataset_states` (by worker id) and send their states with their
+    batches. The batches numbered in `skip` are dropped (delivered out of
+    order before a loaded state)."""
     assert loader._seed is not None
     collate = loader.collate_fn
     if batches is not None:
@@ -108,6 +110,7 @@ def new_engine(
         first_batch=first_batch,
         streams=0 if batches is not None else loader._streams or 0,
         stream_resume=None if batches is not None else loader._stream_resume,
+        skip=skip,
     )
 
 

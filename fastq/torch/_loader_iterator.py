@@ -44,7 +44,9 @@ class LoaderIterator:
     worker copy's state as of its last batch delivered (``copies``, the
     loader's, by worker id), which the workers send with each batch
     (``carrying``). In this process (``inline``, torch's own iterator), any
-    exception of a batch uses the batch up."""
+    exception of a batch uses the batch up. Out of order (``numbered``:
+    the engine, which says each batch's number), the batches delivered are
+    the first ``prefix`` and those in ``delivered``."""
 
     __slots__ = (
         "__weakref__",
@@ -56,10 +58,13 @@ class LoaderIterator:
         "_loader",
         "carrying",
         "copies",
+        "delivered",
         "done",
         "epoch",
         "in_epoch",
         "inline",
+        "numbered",
+        "prefix",
         "rng",
         "samplers",
         "seed",
@@ -92,6 +97,9 @@ class LoaderIterator:
         self.copies: dict[str, Any] | None = None
         self.carrying = False
         self.inline = False
+        self.numbered: Any = None
+        self.delivered: set[int] = set()
+        self.prefix = done
 
     def __iter__(self) -> LoaderIterator:
         return self
@@ -125,6 +133,8 @@ class LoaderIterator:
             raise
         except WorkerError as exc:
             self.done += 1
+            if self.numbered is not None:
+                self._numbered_delivered()
             self._mark_begun()
             raise with_own_type(exc) from None
         except FetchTimeout as exc:
@@ -134,6 +144,8 @@ class LoaderIterator:
             # file that cannot be decoded spent it: either way it is gone.
             if self.inline or getattr(exc, "fastq_batch_spent", False):
                 self.done += 1
+                if self.numbered is not None:
+                    self._numbered_delivered()
                 self._mark_begun()
             raise
         self._handed += 1
@@ -142,8 +154,10 @@ class LoaderIterator:
             batch, worker, state = batch
             assert self.copies is not None
             self.copies[str(worker)] = pickle.loads(state)
+        if self.numbered is not None:
+            self._numbered_delivered()
         if self.samplers is not None:
-            self.samplers.forget_before(self.done)
+            self.samplers.forget_before(self.place)
         loader = self._loader
         reported = loader._IterableDataset_len_called
         if reported is not None and self._handed > reported:
@@ -160,6 +174,20 @@ class LoaderIterator:
             # Past a peek (`next(iter(loader))`): this epoch is used up.
             self._mark_begun()
         return batch
+
+    @property
+    def place(self) -> int:
+        """The batches delivered as a prefix of the epoch."""
+        return self.done if self.numbered is None else self.prefix
+
+    def _numbered_delivered(self) -> None:
+        delivered = self.delivered
+        delivered.add(self.numbered.last_batch)
+        prefix = self.prefix
+        while prefix in delivered:
+            delivered.discard(prefix)
+            prefix += 1
+        self.prefix = prefix
 
     def __del__(self) -> None:
         # DataLoader's iterator shuts its workers down when it is dropped,

@@ -31,6 +31,7 @@ def saved_state(
     rng: torch.Tensor,
     samplers: dict[str, Any] | None,
     datasets: dict[str, Any] | None,
+    delivered: list[int] | None = None,
 ) -> dict[str, Any]:
     """The record of an epoch with `done` batches delivered, its base seed
     and the sampler generator's state as it began, with what the loader
@@ -40,6 +41,8 @@ def saved_state(
         "format": STATE_FORMAT,
         "epoch": epoch,
         "batches_done": done,
+        # Out of order: the batches past the first `done` delivered too.
+        "delivered": delivered,
         "seed": seed,
         "rng_state": base64.b64encode(rng.numpy().tobytes()).decode(),
         "samples": len(loader.dataset),  # type: ignore[arg-type]
@@ -101,7 +104,23 @@ def checked_batches_done(loader: DataLoader[Any], state: Any) -> int:
         raise ConfigError(
             f"state['batches_done']={done!r}: expected 0 to {len(loader)}"
         )
+    delivered = state.get("delivered")
+    if delivered is not None and not (
+        isinstance(delivered, list)
+        and all(isinstance(b, int) and done < b < len(loader) for b in delivered)
+    ):
+        raise ConfigError(
+            f"state['delivered']={delivered!r}: expected None or a list of "
+            f"batch numbers from {done + 1} to {len(loader) - 1}, as "
+            "state_dict() writes it"
+        )
     return done
+
+
+def delivered_past(state: dict[str, Any]) -> frozenset[int]:
+    """The batches of a saved state's epoch delivered past its first
+    batches_done (out of order)."""
+    return frozenset(state.get("delivered") or ())
 
 
 def decode_rng(text: str) -> torch.Tensor:
