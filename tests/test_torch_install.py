@@ -93,11 +93,55 @@ def test_every_loader_runs_on_fastqs_workers(installed: None) -> None:
 
 def test_what_it_leaves_alone(installed: None) -> None:
     """num_workers=0 loads in this process; a class with its own
-    _get_iterator (torchdata's StatefulDataLoader) keeps its workers."""
+    _get_iterator (but torchdata's StatefulDataLoader) keeps its workers."""
     _, made_by = epoch_of(torch.utils.data.DataLoader(Marked(), batch_size=4))
     assert made_by == {HERE}
     own = OwnIterator(Marked(), batch_size=4, num_workers=2)
     assert epoch_of(own)[1] == {TORCH}
+
+
+def test_torchdatas_stateful_dataloader_runs_on_fastq_and_resumes(
+    installed: None,
+) -> None:
+    """torchdata's StatefulDataLoader is routed too, and its state_dict()
+    is fastq's: resumed in a new loader (on another number of workers) it
+    delivers the rest of the epoch and the next one, from fastq's workers,
+    as the run that never stopped; uninstalled, torchdata's workers."""
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make(workers: int = 2, persistent: bool = False) -> Any:
+        return sdl.StatefulDataLoader(
+            Marked(),
+            batch_size=4,
+            shuffle=True,
+            num_workers=workers,
+            persistent_workers=persistent,
+        )
+
+    for persistent in (False, True):
+        torch.manual_seed(3)
+        ref = make(persistent=persistent)
+        want = [epoch_of(ref)[0] for _ in range(2)]
+        torch.manual_seed(3)
+        first = make(persistent=persistent)
+        it = iter(first)
+        got = [next(it) for _ in range(3)]
+        assert all(int(p) == FASTQ for _, made_by in got for p in made_by)
+        state = first.state_dict()
+        assert state["format"] == "fastq.torch.DataLoader/1"
+        del it, first
+        torch.manual_seed(50)
+        resumed = make(workers=3, persistent=persistent)
+        resumed.load_state_dict(state)
+        seen, made_by = epoch_of(resumed)
+        assert [int(i) for b, _ in got for i in b] + seen == want[0]
+        assert made_by == {FASTQ}
+        assert epoch_of(resumed) == (want[1], {FASTQ})
+    fastq.torch.uninstall()
+    try:
+        assert epoch_of(make())[1] == {TORCH}
+    finally:
+        fastq.torch.install()
 
 
 def test_the_order_is_torchs() -> None:

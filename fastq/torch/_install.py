@@ -15,6 +15,7 @@ import torch.utils.data
 
 from . import _dataloader
 from ._dataloader import DataLoader
+from ._loader_state import is_fastq_state
 
 __all__ = ["install", "is_installed", "uninstall"]
 
@@ -32,12 +33,17 @@ __all__ = ["install", "is_installed", "uninstall"]
 # attributes for trainers. Rebinding the name `DataLoader` instead would
 # miss every module that bound it before the switch and every loader
 # already built, and would make isinstance(torch_loader, DataLoader) false
-# where the name was rebound. A class that replaces _get_iterator
-# (torchdata's StatefulDataLoader, whose state_dict records torch's
-# workers) keeps its own workers.
+# where the name was rebound. A class that replaces _get_iterator keeps
+# its own workers, except torchdata's StatefulDataLoader: its state_dict()
+# and load_state_dict() ask its iterator, so its _get_iterator is replaced
+# too, and its routed iterator answers with the fastq loader's state (see
+# _RoutedStateful).
 
 _TorchDataLoader = torch.utils.data.DataLoader
 _ORIGINAL = _TorchDataLoader.__dict__["_get_iterator"]
+# torchdata's StatefulDataLoader and its own _get_iterator, once install()
+# found it (None: torchdata is not installed).
+_STATEFUL: tuple[type[Any], Any] | None = None
 
 _lock = threading.Lock()
 _installs = 0  # install() calls not yet undone
@@ -75,9 +81,11 @@ def install() -> _Installed:
 
     The loaders keep their class, attributes, samplers, ``len()``,
     ``num_workers`` and pickling; each epoch's batches come from fastq's
-    workers with the differences ``docs/dataloader.md`` lists. Loaders with
-    ``num_workers=0`` and classes that replace ``_get_iterator`` (torchdata's
-    ``StatefulDataLoader``) are left as they are.
+    workers with the differences ``docs/dataloader.md`` lists. torchdata's
+    ``StatefulDataLoader`` too: its ``state_dict()`` is then fastq's, exact
+    on any number of workers (a state torchdata's workers saved resumes on
+    them). Loaders with ``num_workers=0`` and other classes that replace
+    ``_get_iterator`` are left as they are.
 
     Returns
     -------
@@ -148,15 +156,52 @@ def _route(loader: Any) -> tuple[bool, dict[str, Any] | None]:
     return (_installs > 0 or origin is not None), origin
 
 
+def _get_stateful_iterator(self: Any) -> Any:
+    """torchdata's StatefulDataLoader._get_iterator, routed: a state loaded
+    into the loader (its next_iter_state) is loaded into fastq's, unless
+    torchdata's workers saved it."""
+    assert _STATEFUL is not None
+    routed, origin = _route(self)
+    state = self.next_iter_state
+    if routed and (state is None or is_fastq_state(state)):
+        self.next_iter_state = None
+        shadow = _shadow(self, origin)
+        if state is not None:
+            shadow.load_state_dict(state)
+        return _RoutedStateful(shadow)
+    return _STATEFUL[1](self)
+
+
+def _stateful_class() -> tuple[type[Any], Any] | None:
+    global _STATEFUL
+    if _STATEFUL is None:
+        try:  # install() is explicit: importing torchdata here is asked for
+            from torchdata.stateful_dataloader import StatefulDataLoader
+        except ImportError:
+            return None
+        _STATEFUL = (StatefulDataLoader, StatefulDataLoader.__dict__["_get_iterator"])
+    return _STATEFUL
+
+
 def _place_hook() -> None:
     if _TorchDataLoader.__dict__["_get_iterator"] is not _get_iterator:
         _TorchDataLoader._get_iterator = _get_iterator  # type: ignore[method-assign]
+    stateful = _stateful_class()
+    if stateful is not None and (
+        stateful[0].__dict__["_get_iterator"] is not _get_stateful_iterator
+    ):
+        stateful[0]._get_iterator = _get_stateful_iterator
 
 
 def _remove_hook() -> None:
     # Only ours: a hook placed after it stays (and reaches ours, now idle).
     if _TorchDataLoader.__dict__["_get_iterator"] is _get_iterator:
         _TorchDataLoader._get_iterator = _ORIGINAL  # type: ignore[method-assign]
+    stateful = _STATEFUL
+    if stateful is not None and (
+        stateful[0].__dict__["_get_iterator"] is _get_stateful_iterator
+    ):
+        stateful[0]._get_iterator = stateful[1]
 
 
 def _prune_adopted() -> None:
@@ -264,6 +309,36 @@ class _Routed:
             "pickled either); pickle the DataLoader before its first epoch, or "
             "without persistent_workers, where the copy starts its own workers"
         )
+
+
+class _RoutedStateful(_Routed):
+    """The iterator a routed torchdata StatefulDataLoader hands out: the
+    shadow's epoch, with the attribute and the methods StatefulDataLoader
+    asks of its iterator (``_finished``, ``state_dict``)."""
+
+    def __init__(self, shadow: DataLoader[Any]) -> None:
+        super().__init__(shadow)
+        self._finished = False
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._finished = True
+            raise
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self._finished = False
+        if _route(loader)[0]:
+            self._it = iter(self._shadow)
+            return
+        # Uninstalled since the last epoch: torchdata's workers from this one.
+        self._shadow.close()
+        assert _STATEFUL is not None
+        loader._iterator = _STATEFUL[1](loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._shadow.state_dict()
 
 
 _dataloader.on_accelerate_prepare = adopt

@@ -15,6 +15,11 @@ MAP_STYLE = 0  # torch's _DatasetKind.Map
 STATE_FORMAT = "fastq.torch.DataLoader/1"
 
 
+def is_fastq_state(state: Any) -> bool:
+    """A state from a fastq.torch.DataLoader's state_dict()."""
+    return isinstance(state, dict) and state.get("format") == STATE_FORMAT
+
+
 def check_stateful(loader: DataLoader[Any]) -> None:
     if loader._dataset_kind != MAP_STYLE and loader.num_workers == 0:
         raise TypeError(
