@@ -28,7 +28,8 @@ class StatefulDataLoader(DataLoader[_T_co]):
     seed, and the states of Stateful samplers and datasets travel with
     each batch, so there is nothing to snapshot, and a state resumes on any
     number of workers. The differences from torchdata's are rows of the
-    migration table in ``docs/dataloader.md``.
+    migration table in ``docs/dataloader.md``. Its parameters are
+    fastq.torch.DataLoader's, and:
 
     Parameters
     ----------
@@ -36,8 +37,6 @@ class StatefulDataLoader(DataLoader[_T_co]):
         Accepted for torchdata's signature (default 1) and kept as an
         attribute; it changes nothing here: every ``state_dict()`` is
         exact, whatever its value, and costs the same.
-
-    The other parameters are fastq.torch.DataLoader's.
     """
 
     def __init__(
