@@ -63,6 +63,36 @@ def snapshot_layout(what: str) -> pytest.MarkDecorator:
 stream_marker = pytest.mark.xfail(FASTQ, strict=True, reason="stream state: see docs")
 
 
+class raises_freeing:
+    """pytest.raises for a loader's error, which then clears the frames of
+    the caught traceback: they hold the loader's iterator (and its
+    workers) alive as long as pytest keeps the error."""
+
+    def __init__(self, expected: type[BaseException], match: str) -> None:
+        self.raises = pytest.raises(expected, match=match)
+
+    def __enter__(self) -> Any:
+        return self.raises.__enter__()
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        suppress = bool(self.raises.__exit__(*exc_info))
+        forget_frames(exc_info[1])
+        return suppress
+
+
+def forget_frames(exc: BaseException | None) -> None:
+    """Clears the frames of an exception's traceback (and its causes')."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            with contextlib.suppress(RuntimeError):  # a frame still running
+                tb.tb_frame.clear()
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+
+
 def frees_on_error(run: Callable[..., Any]) -> Callable[..., Any]:
     """`run`, whose loaders (and their workers) are freed when it raises:
     the frames of the error's traceback are cleared, so that the error
@@ -73,11 +103,7 @@ def frees_on_error(run: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return run(*args, **kwargs)
         except Exception as exc:
-            tb = exc.__traceback__
-            while tb is not None:
-                with contextlib.suppress(RuntimeError):  # a frame still running
-                    tb.tb_frame.clear()
-                tb = tb.tb_next
+            forget_frames(exc)
             raise
 
     return freeing

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stateful_support import TORCHDATA, stream_state  # noqa: E402
+from stateful_support import TORCHDATA, raises_freeing, stream_state  # noqa: E402
 from torch_helpers import stateful_port_data as data  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -385,7 +385,7 @@ def test_init_error(StatefulDataLoader: Any) -> None:
         num_workers=INITIAL_WORKERS,
         worker_init_fn=data.error_worker_init_fn,
     )
-    with pytest.raises(ValueError, match=data.ERROR_MSG):
+    with raises_freeing(ValueError, match=data.ERROR_MSG):
         iter(dl)
         # fastq starts its workers at iter(), and reports a worker_init_fn's
         # error at the first batch, as torch's DataLoader does.
@@ -396,7 +396,7 @@ def test_iteration_error(StatefulDataLoader: Any) -> None:
     """test_state_dict.py: TestInitialState_shard0.test_iteration_error"""
     dl = make(StatefulDataLoader, data.ErrorDataset(), num_workers=INITIAL_WORKERS)
     it = iter(dl)
-    with pytest.raises(ValueError, match="Iteration error"):
+    with raises_freeing(ValueError, match="Iteration error"):
         next(it)
 
 
