@@ -193,6 +193,13 @@ def test_a_loop_left_by_break_keeps_its_place() -> None:
         resumed = DataLoader(list(range(10)), batch_size=2, num_workers=workers)
         resumed.load_state_dict(state)
         assert [b.tolist() for b in resumed] == [[6, 7], [8, 9]]
+        # A peek does not use the epoch up: the next iter() starts it again,
+        # and a state saved after one says so.
+        peeked = DataLoader(list(range(10)), batch_size=2, num_workers=workers)
+        next(iter(peeked))
+        state = peeked.state_dict()
+        assert (state["epoch"], state["batches_done"]) == (0, 0)
+        assert len(list(peeked)) == 5
 
 
 def test_stateful_dataloader_takes_torchdata_s_signature() -> None:

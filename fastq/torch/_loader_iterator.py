@@ -200,10 +200,13 @@ class LoaderIterator:
         loader = self._loader
         if not self.in_epoch or loader._current_loop() is not self:
             return
-        try:  # noqa: SIM105 (contextlib is a module global)
+        try:
             # Dropped mid-epoch (a `break` out of a for loop): state_dict()
-            # still says where it stopped, as StatefulDataLoader's does.
-            loader._loop_dropped(self)
+            # still says where it stopped, as StatefulDataLoader's does;
+            # dropped before it began (a peek), the next iter() starts the
+            # same epoch again, and so does a state saved meanwhile.
+            if self._begun:
+                loader._loop_dropped(self)
         except Exception:  # never raise from __del__
             pass
         if not loader.persistent_workers:
