@@ -51,11 +51,12 @@ from ._loader_state import (
     checked_batches_done,
     decode_rng,
     delivered_past,
-    saved_state,
+    state_between_epochs,
+    state_of_loop,
     user_states,
 )
 from ._stream_state import checked_stream_state, saved_stream_state
-from ._user_state import SamplerStates, is_stateful, sampled_batches, sampler_owners
+from ._user_state import SamplerStates, is_stateful, sampled_batches
 
 __all__ = ["DataLoader", "DataLoaderTimeout"]
 
@@ -419,46 +420,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return copy.deepcopy(self._loaded)
         live = self._current_loop()
         if live is not None and live.in_epoch and not live.superseded:
-            return self._state_of(live)
+            return state_of_loop(self, live)
         if self._dropped is not None:
             return copy.deepcopy(self._dropped)
-        # Between epochs: the next starts as the uninterrupted run's, with
-        # the base seed persistent workers keep (also once closed: the next
-        # iter() starts them with it).
-        seed = self._seed if self.persistent_workers else None
-        rng = (self.generator or torch.default_generator).get_state()
-        owners = sampler_owners(self)
-        samplers = {n: o.state_dict() for n, o in owners.items()} or None
-        if self.num_workers == 0:
-            datasets = self._own_dataset_state()
-        else:
-            datasets = self._copies if self.persistent_workers else None
-        return saved_state(self, self._epoch, 0, seed, rng, samplers, datasets)
-
-    def _state_of(self, live: LoaderIterator) -> dict[str, Any]:
-        loaded = live.as_loaded()
-        if loaded is not None:  # begun from a loaded state, no batch yet
-            return copy.deepcopy(loaded)
-        done = live.place
-        samplers = None if live.samplers is None else live.samplers.at(done)
-        delivered = None if live.numbered is None else sorted(live.delivered)
-        if live.inline:
-            datasets = self._own_dataset_state()
-        else:
-            datasets = live.copies
-        return saved_state(
-            self, live.epoch, done, live.seed, live.rng, samplers, datasets, delivered
-        )
-
-    def _own_dataset_state(self) -> Any:
-        """With num_workers=0, the dataset's state, as worker 0's."""
-        if not is_stateful(self.dataset):
-            return None
-        return {"0": self.dataset.state_dict()}  # type: ignore[attr-defined]
+        return state_between_epochs(self)
 
     def _loop_dropped(self, live: LoaderIterator) -> None:
         if not live.superseded:
-            self._dropped = self._state_of(live)
+            self._dropped = state_of_loop(self, live)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter()`` resumes where ``state`` (from ``state_dict()``)

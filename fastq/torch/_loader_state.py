@@ -4,12 +4,14 @@ state_dict() gives, and what load_state_dict() checks and replays of one."""
 from __future__ import annotations
 
 import base64
+import copy
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
+from ._user_state import is_stateful, sampler_owners
 
 MAP_STYLE = 0  # torch's _DatasetKind.Map
 STATE_FORMAT = "fastq.torch.DataLoader/1"
@@ -58,6 +60,45 @@ def saved_state(
             "datasets": None if datasets is None else dict(datasets),
         },
     }
+
+
+def state_of_loop(loader: Any, live: Any) -> dict[str, Any]:
+    """The state of `loader` at its loop `live` (a LoaderIterator): the
+    state it was begun from until its first batch, else its place."""
+    loaded = live.as_loaded()
+    if loaded is not None:
+        return copy.deepcopy(loaded)
+    done = live.place
+    samplers = None if live.samplers is None else live.samplers.at(done)
+    delivered = None if live.numbered is None else sorted(live.delivered)
+    datasets = own_dataset_state(loader) if live.inline else live.copies
+    return saved_state(
+        loader, live.epoch, done, live.seed, live.rng, samplers, datasets, delivered
+    )
+
+
+def state_between_epochs(loader: Any) -> dict[str, Any]:
+    """The state of `loader` between epochs: the next starts as the
+    uninterrupted run's, with the base seed persistent workers keep (also
+    once closed: the next iter() starts them with it), and the samplers'
+    and the workers' copies' states as they are now."""
+    persistent = loader.persistent_workers
+    seed = loader._seed if persistent else None
+    rng = (loader.generator or torch.default_generator).get_state()
+    owners = sampler_owners(loader)
+    samplers = {n: o.state_dict() for n, o in owners.items()} or None
+    if loader.num_workers == 0:
+        datasets = own_dataset_state(loader)
+    else:
+        datasets = loader._copies if persistent else None
+    return saved_state(loader, loader._epoch, 0, seed, rng, samplers, datasets)
+
+
+def own_dataset_state(loader: Any) -> dict[str, Any] | None:
+    """With num_workers=0, the dataset's state, as worker 0's."""
+    if not is_stateful(loader.dataset):
+        return None
+    return {"0": loader.dataset.state_dict()}
 
 
 def user_states(state: dict[str, Any]) -> tuple[Any, Any]:
