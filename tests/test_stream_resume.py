@@ -222,7 +222,9 @@ def test_a_dataset_that_keeps_its_place_is_asked_for_it_not_replayed() -> None:
     torch.manual_seed(0)
     loader = DataLoader(data, batch_size=BATCH, num_workers=WORKERS)
     _, state = epochs(loader, 0, 7)
-    assert state["dataset_states"] == [{"place": n * BATCH} for n in state["items"]]
+    assert state["dataset_states"] == [
+        {"dataset": {"place": n * BATCH}, "iterator": None} for n in state["items"]
+    ]
     for workers in (3, 2, 4):
         resumed = DataLoader(data, batch_size=BATCH, num_workers=workers)
         resumed.load_state_dict(state)

@@ -108,6 +108,13 @@ class PlannedLoader(Face):
         # gives its workers' (fastq/_core/_turns.py).
         self.streams = 0 if first is not None else streams or workers
         self._stream_resume = stream_resume
+        # Until a resumed lane hands out a batch, its place is the state
+        # it was resumed from (a state saved then equals the one loaded).
+        self._resumed_states: dict[int, Any] = {}
+        if stream_resume is not None and stream_resume.states is not None:
+            self._resumed_states = {
+                v: s for v, s in enumerate(stream_resume.states) if s is not None
+            }
         self._turns = first is None and ordered and self.streams > 1
         self._batches.stateful = first is None and bool(
             getattr(source, "stateful", False)
@@ -157,6 +164,7 @@ class PlannedLoader(Face):
                 packed=True,
                 turns=self._turns,
                 streams=self.streams,
+                first_pass=0 if stream_resume is None else stream_resume.pass_,
                 resume_items=None if stream_resume is None else stream_resume.items,
                 resume_states=None if stream_resume is None else stream_resume.states,
             )
@@ -350,7 +358,10 @@ class PlannedLoader(Face):
         if self._planner is not None:
             raise TypeError("a planned source is iterated with begin_epoch()")
         feed = self._engine.feed
-        self._batches.lane_states.clear()  # a new pass: no state yet
+        lane_states = self._batches.lane_states
+        lane_states.clear()  # a new pass: no state yet, unless resumed
+        lane_states.update(self._resumed_states)
+        self._resumed_states = {}
         if feed is not None:
             return feed.begin_pass(self)  # it holds this face, as each loop
         if self._passes:

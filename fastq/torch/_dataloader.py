@@ -33,12 +33,8 @@ from ._decode_stage import DECODE_LOOKAHEAD, collate_encoded
 from ._decoders import DEFAULT_BACKEND
 from ._even_ranks import EvenBatches, check_even_batches, ranks_group
 from ._image_decode import ImageDecode, encoded_slot_bytes
-from ._in_process import in_process_epoch
-from ._loader_engine import (
-    new_engine,
-    rank_and_world_size,
-    warn_as_dataloader_pins,
-)
+from ._in_process import in_process_epoch, in_process_stream
+from ._loader_engine import new_engine, warn_as_dataloader_pins
 from ._loader_iterator import (
     DataLoaderTimeout,
     LoaderIterator,
@@ -47,7 +43,6 @@ from ._loader_iterator import (
 )
 from ._loader_state import (
     MAP_STYLE,
-    check_stateful,
     checked_batches_done,
     decode_rng,
     delivered_past,
@@ -55,7 +50,11 @@ from ._loader_state import (
     state_of_loop,
     user_states,
 )
-from ._stream_state import checked_stream_state, saved_stream_state
+from ._stream_state import (
+    load_stream_state,
+    stream_state_between_epochs,
+    stream_state_of_loop,
+)
 from ._user_state import SamplerStates, is_stateful, sampled_batches
 
 __all__ = ["DataLoader", "DataLoaderTimeout"]
@@ -289,7 +288,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._dropped = None
         if self.num_workers == 0:
             if self._dataset_kind != MAP_STYLE:
-                return self._decoded(super().__iter__())
+                return in_process_stream(self)
             return in_process_epoch(self)
         if self.pin_memory and not self._warned_pin:
             self._warned_pin = True
@@ -410,24 +409,29 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         ``load_state_dict`` in a new process continues with the rest of
         that epoch and every later one, bit-identical to a run that never
         stopped, with any ``num_workers``. For an IterableDataset: the
-        epoch and each of its iterators' batches delivered, resumed with
-        any ``num_workers > 0`` in the same order
-        (``fastq/torch/_stream_state.py``)."""
-        if self._dataset_kind != MAP_STYLE and self.num_workers > 0:
-            return self._stream_state()
-        check_stateful(self)
+        epoch and each of its iterators' batches delivered (and the states
+        of a dataset or iterator that keeps its own), resumed with any
+        ``num_workers > 0`` in the same order, or with num_workers=0 as it
+        was saved (``fastq/torch/_stream_state.py``)."""
         if self._loaded is not None:  # loaded, no loop begun from it yet
             return copy.deepcopy(self._loaded)
         live = self._current_loop()
         if live is not None and live.in_epoch and not live.superseded:
-            return state_of_loop(self, live)
+            return self._state_of(live)
         if self._dropped is not None:
             return copy.deepcopy(self._dropped)
+        if self._dataset_kind != MAP_STYLE:
+            return stream_state_between_epochs(self)
         return state_between_epochs(self)
+
+    def _state_of(self, live: LoaderIterator) -> dict[str, Any]:
+        if self._dataset_kind != MAP_STYLE:
+            return stream_state_of_loop(self, live)
+        return state_of_loop(self, live)
 
     def _loop_dropped(self, live: LoaderIterator) -> None:
         if not live.superseded:
-            self._dropped = state_of_loop(self, live)
+            self._dropped = self._state_of(live)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next ``iter()`` resumes where ``state`` (from ``state_dict()``)
@@ -437,10 +441,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         epoch began, as the uninterrupted run had it. A loop begun before
         this call ends with a ConfigError at its next batch (it would
         otherwise silently restart)."""
-        if self._dataset_kind != MAP_STYLE and self.num_workers > 0:
-            self._load_stream_state(state)
+        if self._dataset_kind != MAP_STYLE:
+            load_stream_state(self, state)
             return
-        check_stateful(self)
         checked_batches_done(self, state)
         user_states(state)
         live = self._current_loop()
@@ -456,68 +459,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # after a restart) must not lose it, nor respell an epoch's end.
         self._loaded = dict(state)
         self._resume = state
-
-    def _stream_state(self) -> dict[str, Any]:
-        """state_dict() of an IterableDataset: each lane's batches of the
-        epoch delivered (NOTE [ A stream's lanes ] in fastq/_workers/_lanes.py)."""
-        if self._loaded is not None:  # loaded, no loop begun from it yet
-            return dict(self._loaded)
-        rank, world_size = rank_and_world_size()
-        live = self._current_loop()
-        engine = self._engine
-        lanes = self._streams or self.num_workers
-        if live is not None and live.in_epoch:
-            loaded = live.as_loaded()
-            if loaded is not None:
-                return dict(loaded)
-            items, states = [0] * lanes, None
-            if engine is not None:
-                lanes = engine.streams
-                feed = engine._feed
-                items = [0] * lanes if feed is None else feed.stream_place().items
-                states = engine.lane_states()
-            return saved_stream_state(
-                self,
-                epoch=live.epoch,
-                items=items,
-                lanes=lanes,
-                dataset_states=states,
-                seed=live.seed,
-                rng=live.rng,
-                rank=rank,
-                world_size=world_size,
-            )
-        # Between epochs: the next starts as the uninterrupted run's.
-        persistent = self.persistent_workers and engine is not None
-        return saved_stream_state(
-            self,
-            epoch=self._epoch,
-            items=None,
-            lanes=lanes if engine is None else engine.streams,
-            dataset_states=None,
-            seed=self._seed if persistent else None,
-            rng=(self.generator or torch.default_generator).get_state(),
-            rank=rank,
-            world_size=world_size,
-        )
-
-    def _load_stream_state(self, state: dict[str, Any]) -> None:
-        """load_state_dict() of an IterableDataset: the next iter() starts
-        its workers on the state's lanes, each past its batches."""
-        rank, world_size = rank_and_world_size()
-        loaded = checked_stream_state(self, state, rank=rank, world_size=world_size)
-        live = self._current_loop()
-        if live is not None:
-            live.superseded = True
-        self.close()  # workers restart on the state's lanes and seed
-        self._streams = loaded.lanes
-        self._stream_resume = loaded.place
-        self._seed = loaded.seed
-        self._seed_from_state = loaded.seed is not None
-        self._resume = {"seed": loaded.seed, "rng_state": loaded.rng_state}
-        self.set_epoch(loaded.epoch)
-        # Until a batch comes from it, the place is the state as loaded.
-        self._loaded = dict(state)
 
     def _current_loop(self) -> LoaderIterator | None:
         return None if self._live is None else self._live()

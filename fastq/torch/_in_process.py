@@ -103,3 +103,43 @@ class DrawnNumbers:
                 self.last_batch = number
                 yield index
             number += 1
+
+
+def in_process_stream(loader: Any) -> LoaderIterator:
+    """The next epoch of `loader` (an IterableDataset, num_workers=0) over
+    torch's single-process iterator, resumed where a loaded state says, as
+    StatefulDataLoader resumes one: the generator as the epoch began, the
+    dataset's own state loaded before its iterator is made, then the
+    iterator's loaded where it keeps one; where neither keeps its place,
+    the batches delivered are made again and dropped."""
+    epoch = loader._next_epoch()
+    generator = loader.generator or torch.default_generator
+    resume, loader._resume = loader._resume, None
+    loaded, loader._loaded = loader._loaded, None
+    dataset = loader.dataset
+    if resume is not None:
+        generator.set_state(decode_rng(resume["rng_state"]))
+        states = resume.get("dataset_states")
+        if states is not None and states[0] is not None:
+            dataset.load_state_dict(states[0])
+    rng = generator.get_state()  # as the epoch began, before torch's draw
+    # torch's iterator: draws its base seed, then makes the dataset's iterator.
+    it: Any = torch.utils.data.DataLoader.__iter__(loader)
+    items = None if resume is None else resume.get("items")
+    if items:
+        dataset_iter = it._dataset_fetcher.dataset_iter
+        saved = resume.get("iterator_state")  # type: ignore[union-attr]
+        if saved is not None and is_stateful(dataset_iter):
+            dataset_iter.load_state_dict(saved)
+        elif not is_stateful(dataset) and not is_stateful(dataset_iter):
+            for _ in range(items[0]):  # delivered before the state was saved
+                if next(it, _END) is _END:
+                    break
+    done = 0 if not items else items[0]
+    live: LoaderIterator = loader._loop(it, epoch, done, rng, None, loaded=loaded)
+    live.inline = True
+    live.stream_iter = it
+    return live
+
+
+_END = object()

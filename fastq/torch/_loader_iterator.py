@@ -46,7 +46,9 @@ class LoaderIterator:
     (``carrying``). In this process (``inline``, torch's own iterator), any
     exception of a batch uses the batch up. Out of order (``numbered``:
     the engine, which says each batch's number), the batches delivered are
-    the first ``prefix`` and those in ``delivered``."""
+    the first ``prefix`` and those in ``delivered``. Over an IterableDataset
+    in this process, ``stream_iter`` is torch's iterator, whose dataset
+    iterator a state asks for its own."""
 
     __slots__ = (
         "__weakref__",
@@ -68,6 +70,7 @@ class LoaderIterator:
         "rng",
         "samplers",
         "seed",
+        "stream_iter",
         "superseded",
     )
 
@@ -100,6 +103,7 @@ class LoaderIterator:
         self.numbered: Any = None
         self.delivered: set[int] = set()
         self.prefix = done
+        self.stream_iter: Any = None
 
     def __iter__(self) -> LoaderIterator:
         return self

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
+from ._stream_state import STREAM_STATE_FORMAT
 from ._user_state import is_stateful, sampler_owners
 
 MAP_STYLE = 0  # torch's _DatasetKind.Map
@@ -18,16 +19,12 @@ STATE_FORMAT = "fastq.torch.DataLoader/1"
 
 
 def is_fastq_state(state: Any) -> bool:
-    """A state from a fastq.torch.DataLoader's state_dict()."""
-    return isinstance(state, dict) and state.get("format") == STATE_FORMAT
-
-
-def check_stateful(loader: DataLoader[Any]) -> None:
-    if loader._dataset_kind != MAP_STYLE and loader.num_workers == 0:
-        raise TypeError(
-            "state_dict()/load_state_dict(): fastq.torch.DataLoader saves "
-            "an IterableDataset's place with num_workers > 0"
-        )
+    """A state from a fastq.torch.DataLoader's state_dict() (map-style or
+    an IterableDataset's)."""
+    return isinstance(state, dict) and state.get("format") in (
+        STATE_FORMAT,
+        STREAM_STATE_FORMAT,
+    )
 
 
 def saved_state(

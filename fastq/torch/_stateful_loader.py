@@ -67,6 +67,7 @@ class StatefulDataLoader(DataLoader[_T_co]):
         decode_backend: Any = DEFAULT_BACKEND,
         decode_dtype: torch.dtype = torch.float32,
         channels_last: bool = False,
+        even_batches: str | None = "drop",
     ) -> None:
         steps = as_int(snapshot_every_n_steps)
         if snapshot_every_n_steps is not None and (steps is None or steps < 0):
@@ -101,4 +102,5 @@ class StatefulDataLoader(DataLoader[_T_co]):
             decode_backend=decode_backend,
             decode_dtype=decode_dtype,
             channels_last=channels_last,
+            even_batches=even_batches,
         )

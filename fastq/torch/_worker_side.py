@@ -20,6 +20,7 @@ import torch.utils.data._utils.worker as torch_worker
 from .._layout._packing import NDARRAY, Arena, Codec, LeafKind
 from .._layout._rows import stack_rows
 from .._make._worker_info import WorkerInfo
+from ._user_state import is_stateful
 
 # --------------------------------------------------------------- tensors
 
@@ -336,6 +337,8 @@ class IterableSource(_TorchSource):
         super().__init__(dataset, collate_fn)
         self.batch_size = batch_size
         self.drop_last = drop_last
+        # A resumed lane's iterator state, loaded once __call__ makes it.
+        self._iterator_state: Any = None
 
     def make(self, indices: Sequence[Any]) -> Any:
         raise TypeError("an iterable source has no planned batches")
@@ -345,12 +348,10 @@ class IterableSource(_TorchSource):
         """The dataset keeps its own place (torchdata's Stateful protocol:
         ``state_dict()`` and ``load_state_dict()``, as HF datasets'
         IterableDataset has): each batch then travels as (batch, the
-        dataset's state after it), and a resumed lane loads the state
-        instead of making its batches again."""
-        dataset = self.dataset
-        return callable(getattr(dataset, "state_dict", None)) and callable(
-            getattr(dataset, "load_state_dict", None)
-        )
+        states after it of the dataset and of its iterator, where that is
+        another object that keeps one, as torchdata asks them), and a
+        resumed lane loads them instead of making its batches again."""
+        return is_stateful(self.dataset)
 
     def for_lane(self) -> IterableSource:
         """This source over a copy of its dataset, whose place is its own
@@ -360,17 +361,48 @@ class IterableSource(_TorchSource):
         return lane
 
     def load_lane_state(self, state: Any) -> None:
-        self.dataset.load_state_dict(state)
+        """A lane's saved states, in torchdata's order: the dataset's now,
+        its iterator's once the next __call__ has made it."""
+        if state.get("dataset") is not None:
+            self.dataset.load_state_dict(state["dataset"])
+        self._iterator_state = state.get("iterator")
 
     def __call__(self) -> Iterator[Any]:
-        state_of = self.dataset.state_dict if self.stateful else None
-        return _Batches(
-            iter(self.dataset),
-            self.collate_fn,
-            self.batch_size,
-            self.drop_last,
-            state_of,
-        )
+        dataset = self.dataset
+        it = iter(dataset)
+        state_of = None
+        if self.stateful:
+            saved, self._iterator_state = self._iterator_state, None
+            if saved is not None and is_stateful(it):
+                it.load_state_dict(saved)
+            state_of = _LaneState(dataset, it)
+        return _Batches(it, self.collate_fn, self.batch_size, self.drop_last, state_of)
+
+
+class _LaneState:
+    """The states of a lane's dataset and of its iterator after a batch, as
+    torchdata's workers save them: the iterator's where it keeps one, the
+    dataset's where it is not its own iterator."""
+
+    def __init__(self, dataset: Any, it: Any) -> None:
+        self.dataset = dataset
+        self.it = it
+
+    def __call__(self) -> dict[str, Any]:
+        return lane_states(self.dataset, self.it)
+
+
+def lane_states(dataset: Any, it: Any) -> dict[str, Any]:
+    """A Stateful dataset's state and its iterator's, as torchdata's
+    workers save them: a dataset that is its own iterator is saved as the
+    iterator (loaded once iter() has made its place); another iterator's
+    state where it keeps one."""
+    if it is dataset:
+        return {"dataset": None, "iterator": dataset.state_dict()}
+    return {
+        "dataset": dataset.state_dict(),
+        "iterator": it.state_dict() if is_stateful(it) else None,
+    }
 
 
 class _Batches:

@@ -76,3 +76,63 @@ class SlowFirst(torch.utils.data.Dataset[int]):
         if i == 0:
             time.sleep(0.5)
         return i
+
+
+class DrawingStream(torch.utils.data.IterableDataset[Any]):
+    """Each worker's share of 0..n-1, each item paired with a draw from
+    torch's generator: a stream whose items depend on the generator its
+    iterator runs under (no state of its own)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        info = torch.utils.data.get_worker_info()
+        wid, count = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(wid, self.n, count):
+            yield i, int(torch.randint(1000, ()).item())
+
+
+class StatefulIterStream(torch.utils.data.IterableDataset[Any]):
+    """A stream that keeps its own place twice over: the dataset counts the
+    items its iterators made, and each iterator (another object) its
+    position in the worker's share of 0..n-1; a resumed iterator that also
+    skipped its items again would lose them."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.made = 0
+
+    def __iter__(self) -> PositionIterator:
+        info = torch.utils.data.get_worker_info()
+        wid, count = (0, 1) if info is None else (info.id, info.num_workers)
+        return PositionIterator(self, list(range(wid, self.n, count)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"made": self.made}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.made = state["made"]
+
+
+class PositionIterator(Iterator[tuple[int, int]]):
+    """An iterator over `items` whose state is its position; each item is
+    paired with the count of items its dataset had made before it."""
+
+    def __init__(self, dataset: StatefulIterStream, items: list[int]) -> None:
+        self.dataset = dataset
+        self.items = items
+        self.at = 0
+
+    def __next__(self) -> tuple[int, int]:
+        if self.at >= len(self.items):
+            raise StopIteration
+        self.at += 1
+        self.dataset.made += 1
+        return self.items[self.at - 1], self.dataset.made - 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"at": self.at}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.at = state["at"]
