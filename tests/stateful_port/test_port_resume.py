@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stateful_support import frees_on_error, stream_marker  # noqa: E402
+from stateful_support import frees_on_error  # noqa: E402
 from torch_helpers import stateful_port_data as data  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -211,26 +211,14 @@ def generator_no_state_shard2(
 
 
 FAMILIES = [
-    pytest.param(
-        iterable_shard0, id="TestStatefulDataLoaderIterable_shard0", marks=stream_marker
-    ),
+    pytest.param(iterable_shard0, id="TestStatefulDataLoaderIterable_shard0"),
     pytest.param(map_shard1, id="TestStatefulDataLoaderMap_shard1"),
     pytest.param(sampler_shard1, id="TestStatefulSampler_shard1"),
+    pytest.param(generator_shard2, id="TestStatefulDataLoaderGenerator_shard2"),
     pytest.param(
-        generator_shard2,
-        id="TestStatefulDataLoaderGenerator_shard2",
-        marks=stream_marker,
+        generator_no_state_shard2, id="TestStatefulDataLoaderGeneratorNoState_shard2"
     ),
-    pytest.param(
-        generator_no_state_shard2,
-        id="TestStatefulDataLoaderGeneratorNoState_shard2",
-        marks=stream_marker,
-    ),
-    pytest.param(
-        iterable2_shard0,
-        id="TestStatefulDataLoaderIterable2_shard0",
-        marks=stream_marker,
-    ),
+    pytest.param(iterable2_shard0, id="TestStatefulDataLoaderIterable2_shard0"),
 ]
 
 # Two workers where the original has three: the point (a state saved and
