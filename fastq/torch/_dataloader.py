@@ -15,7 +15,6 @@ over the slot, without a copy, a pickle of its arrays, or a file descriptor.
 from __future__ import annotations
 
 import copy
-import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -31,7 +30,7 @@ from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
 from . import _image_decode
 from ._decode_stage import DECODE_LOOKAHEAD, collate_encoded
 from ._decoders import DEFAULT_BACKEND
-from ._even_ranks import EvenBatches, check_even_batches, ranks_group
+from ._even_ranks import check_even_batches
 from ._image_decode import ImageDecode, encoded_slot_bytes
 from ._in_process import in_process_epoch, in_process_stream
 from ._loader_engine import new_engine, warn_as_dataloader_pins
@@ -43,19 +42,17 @@ from ._loader_iterator import (
 )
 from ._loader_state import (
     MAP_STYLE,
-    checked_batches_done,
-    decode_rng,
-    delivered_past,
+    load_map_state,
     state_between_epochs,
     state_of_loop,
-    user_states,
 )
 from ._stream_state import (
     load_stream_state,
     stream_state_between_epochs,
     stream_state_of_loop,
 )
-from ._user_state import SamplerStates, is_stateful, sampled_batches
+from ._user_state import SamplerStates
+from ._workers_epoch import workers_epoch
 
 __all__ = ["DataLoader", "DataLoaderTimeout"]
 
@@ -293,65 +290,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self.pin_memory and not self._warned_pin:
             self._warned_pin = True
             warn_as_dataloader_pins(self.pin_memory_device)
-        epoch = self._next_epoch()
-        engine = self._engine
-        if engine is not None and (
-            engine.closed
-            or not self.persistent_workers
-            or engine.sizing
-            or engine.inherited
-        ):
-            engine.close()  # a no-op where it is inherited
-            engine = self._engine = None
-        # A loaded state brings the generator back to where this epoch's
-        # draws began: before the base seed's draw if the state has no
-        # seed (saved between epochs), else after it.
-        generator = self.generator or torch.default_generator
-        resume, self._resume = self._resume, None
-        loaded, self._loaded = self._loaded, None
-        if resume is not None and resume["seed"] is None:
-            generator.set_state(decode_rng(resume["rng_state"]))
-        if engine is None:
-            self._draw_seed()
-        if resume is not None and resume["seed"] is not None:
-            generator.set_state(decode_rng(resume["rng_state"]))
-        if self._dataset_kind != MAP_STYLE:
-            rng = generator.get_state()  # after the base seed's draw
-            if engine is None:
-                engine = self._start(None, epoch)
-                self._stream_resume = None  # the new engine's, once
-            stream = iter(()) if engine is None else iter(engine)
-            group = ranks_group() if self.even_batches else None
-            if group is not None:
-                stream = EvenBatches(stream, group)
-            return self._loop(stream, epoch, 0, rng, None, loaded=loaded)
-        rng = generator.get_state()  # as the sampler starts to draw
-        skip = 0 if resume is None else int(resume["batches_done"])
-        past = frozenset() if resume is None else delivered_past(resume)
-        dataset_states = None if resume is None else user_states(resume)[1]
-        if engine is None:  # new workers, new copies of the dataset
-            # (Not beside the GPU decode stage, which takes the batches as
-            # the workers made them.)
-            stateful = is_stateful(self.dataset) and not self._images.on_gpu
-            self._copies = dict(dataset_states or {}) if stateful else None
-        saved = None if resume is None else user_states(resume)[0]
-        batches, samplers = sampled_batches(self, saved, skip)
-        if engine is None:
-            first = next(batches, None)
-            if first is None:  # an empty epoch
-                return self._loop(iter(()), epoch, skip, rng, samplers, loaded=loaded)
-            batches = itertools.chain([first], batches)
-            carried = None if self._copies is None else dict(self._copies)
-            engine = self._start(batches, epoch, skip, carried, past)
-            assert engine is not None
-            it = engine.begin_epoch(iter(()), epoch)
-        else:
-            it = engine.begin_epoch(batches, epoch, skip, past)
-        live = self._loop(it, epoch, skip, rng, samplers, loaded=loaded)
-        if past or not self.in_order:  # the batches delivered, by number
-            live.numbered = engine
-            live.delivered = set(past)
-        return live
+        return workers_epoch(self)
 
     def _loop(
         self,
@@ -443,22 +382,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         otherwise silently restart)."""
         if self._dataset_kind != MAP_STYLE:
             load_stream_state(self, state)
-            return
-        checked_batches_done(self, state)
-        user_states(state)
-        live = self._current_loop()
-        if live is not None:
-            live.superseded = True
-        self._dropped = None
-        self.close()  # workers restart with the state's seed
-        self._seed = state.get("seed")
-        self._seed_from_state = self._seed is not None
-        self.set_epoch(state["epoch"])
-        # Until a batch comes from it, the place is the state as loaded: a
-        # checkpoint saved at the first step (a preemption handler right
-        # after a restart) must not lose it, nor respell an epoch's end.
-        self._loaded = dict(state)
-        self._resume = state
+        else:
+            load_map_state(self, state)
 
     def _current_loop(self) -> LoaderIterator | None:
         return None if self._live is None else self._live()

@@ -176,3 +176,24 @@ def _world_size(loader: DataLoader[Any]) -> int:
     ``num_replicas``) shards the dataset across; 1 without one."""
     replicas = getattr(loader.sampler, "num_replicas", 1)
     return replicas if isinstance(replicas, int) else 1
+
+
+def load_map_state(loader: Any, state: dict[str, Any]) -> None:
+    """load_state_dict() of a map-style dataset, once `state` is checked:
+    the next iter() resumes its epoch (fastq/torch/_workers_epoch.py, or
+    fastq/torch/_in_process.py with num_workers=0)."""
+    checked_batches_done(loader, state)
+    user_states(state)
+    live = loader._current_loop()
+    if live is not None:
+        live.superseded = True
+    loader._dropped = None
+    loader.close()  # workers restart with the state's seed
+    loader._seed = state.get("seed")
+    loader._seed_from_state = loader._seed is not None
+    loader.set_epoch(state["epoch"])
+    # Until a batch comes from it, the place is the state as loaded: a
+    # checkpoint saved at the first step (a preemption handler right
+    # after a restart) must not lose it, nor respell an epoch's end.
+    loader._loaded = dict(state)
+    loader._resume = state
