@@ -130,3 +130,31 @@ def test_stateful_iterable_resumes_on_another_number_of_workers(workers: int) ->
     resumed.load_state_dict(saved)
     assert list(resumed) == rest
     resumed.close()
+
+
+class _ShortLen(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        return iter(range(6))
+
+    def __len__(self) -> int:
+        return 3
+
+
+def test_num_workers_0_warns_of_a_wrong_len_as_torch_does() -> None:
+    """With num_workers=0 the epoch is torch's own iterator, whose warning
+    of a __len__ passed is DataLoader's: given once a batch, not twice."""
+    import warnings
+
+    from fastq.torch import DataLoader
+
+    counts = []
+    for cls in (torch.utils.data.DataLoader, DataLoader):
+        dl = cls(_ShortLen(), batch_size=None, num_workers=0)
+        len(dl)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(dl)
+        counts.append(
+            sum("Length of IterableDataset" in str(w.message) for w in caught)
+        )
+    assert counts[1] == counts[0] == 3

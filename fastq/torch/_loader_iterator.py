@@ -164,7 +164,8 @@ class LoaderIterator:
             self.samplers.forget_before(self.place)
         loader = self._loader
         reported = loader._IterableDataset_len_called
-        if reported is not None and self._handed > reported:
+        # In this process torch's own iterator warns (self.inline).
+        if reported is not None and not self.inline and self._handed > reported:
             warnings.warn(  # at every batch past it, as DataLoader does
                 f"Length of IterableDataset {loader.dataset} was reported to be "
                 f"{reported} (when accessing len(dataloader)), but "
