@@ -144,6 +144,33 @@ def test_torchdatas_stateful_dataloader_runs_on_fastq_and_resumes(
         fastq.torch.install()
 
 
+def test_torchdatas_stateful_dataloader_resumes_an_iterable_on_fastq(
+    installed: None,
+) -> None:
+    """Routed, torchdata's StatefulDataLoader over an IterableDataset that
+    keeps its own place saves fastq's stream state, which a routed loader
+    on another number of workers resumes with the rest of the epoch."""
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+    from torch_helpers.stateful_objects import StatefulIterStream
+
+    def make(workers: int) -> Any:
+        return sdl.StatefulDataLoader(
+            StatefulIterStream(30), batch_size=2, num_workers=workers, collate_fn=list
+        )
+
+    first = make(3)
+    it = iter(first)
+    for _ in range(4):
+        next(it)
+    state = first.state_dict()
+    assert state["format"] == "fastq.torch.DataLoader.stream/1"
+    rest = list(it)
+    del it, first
+    resumed = make(2)
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest
+
+
 def test_the_order_is_torchs() -> None:
     """With the same torch.manual_seed, a shuffled loader's epochs come in
     the order torch's own workers give."""
