@@ -24,7 +24,6 @@ import torch.utils.data
 
 from .._faces._arguments import as_int, positive_int
 from .._faces._planned import PlannedLoader
-from .._faces._prefetcher import default_workers
 from .._make._state import StreamResume
 from ..errors import ConfigError, EmptySource, FetchTimeout, WorkerError
 from . import _image_decode
@@ -33,7 +32,7 @@ from ._decoders import DEFAULT_BACKEND
 from ._even_ranks import check_even_batches
 from ._image_decode import ImageDecode, encoded_slot_bytes
 from ._in_process import in_process_epoch, in_process_stream
-from ._loader_engine import new_engine, warn_as_dataloader_pins
+from ._loader_engine import checked_workers, new_engine, warn_as_dataloader_pins
 from ._loader_iterator import (
     DataLoaderTimeout,
     LoaderIterator,
@@ -155,7 +154,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         decode_lookahead: int = DECODE_LOOKAHEAD,
         even_batches: str | None = "drop",
     ) -> None:
-        num_workers = _workers(dataset, num_workers)
+        num_workers = checked_workers(dataset, num_workers)
         fix = "or None for the default"
         # fastq's own arguments are attributes of the same name, so a trainer
         # that re-creates the loader from its attributes keeps them.
@@ -496,21 +495,3 @@ def _samplers(loader: DataLoader[Any]) -> list[Any]:
         if s is not None and all(s is not f for f in found):
             found.append(s)
     return found
-
-
-def _workers(dataset: Any, num_workers: Any) -> int:
-    """num_workers, checked, or fastq's default for `dataset` (None)."""
-    if num_workers is None:
-        # An IterableDataset is read by every worker, whole unless it
-        # shards itself with get_worker_info() (few do: a generator over
-        # files or a stream): one worker reads it once per epoch, as
-        # DataLoader's default does, still off the loop's thread.
-        iterable = isinstance(dataset, torch.utils.data.IterableDataset)
-        return 1 if iterable else default_workers()
-    count = as_int(num_workers)
-    if count is None or count < 0:
-        raise ConfigError(
-            f"num_workers={num_workers!r}: expected an int >= 0 (0 loads "
-            "in this process), or None for fastq's default"
-        )
-    return count

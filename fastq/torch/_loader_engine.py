@@ -12,12 +12,16 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
+import torch.utils.data
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
+from .._faces._arguments import as_int
 from .._faces._planned import PlannedLoader
+from .._faces._prefetcher import default_workers
 from .._make._state import StreamResume
 from .._make._streams import warn_fewer_shards
 from .._workers._start_method import get_context
+from ..errors import ConfigError
 from . import _image_decode
 from ._pinned import CudaRing
 from ._worker_side import IterableSource, MapSource
@@ -191,3 +195,21 @@ def rank_and_world_size() -> tuple[int, int]:
         return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError:
         return 0, 1
+
+
+def checked_workers(dataset: Any, num_workers: Any) -> int:
+    """num_workers, checked, or fastq's default for `dataset` (None)."""
+    if num_workers is None:
+        # An IterableDataset is read by every worker, whole unless it
+        # shards itself with get_worker_info() (few do: a generator over
+        # files or a stream): one worker reads it once per epoch, as
+        # DataLoader's default does, still off the loop's thread.
+        iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        return 1 if iterable else default_workers()
+    count = as_int(num_workers)
+    if count is None or count < 0:
+        raise ConfigError(
+            f"num_workers={num_workers!r}: expected an int >= 0 (0 loads "
+            "in this process), or None for fastq's default"
+        )
+    return count

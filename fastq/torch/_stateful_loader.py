@@ -11,6 +11,7 @@ import torch.utils.data
 from .._faces._arguments import as_int
 from ..errors import ConfigError
 from ._dataloader import DataLoader
+from ._decode_stage import DECODE_LOOKAHEAD
 from ._decoders import DEFAULT_BACKEND
 
 __all__ = ["StatefulDataLoader"]
@@ -67,6 +68,7 @@ class StatefulDataLoader(DataLoader[_T_co]):
         decode_backend: Any = DEFAULT_BACKEND,
         decode_dtype: torch.dtype = torch.float32,
         channels_last: bool = False,
+        decode_lookahead: int = DECODE_LOOKAHEAD,
         even_batches: str | None = "drop",
     ) -> None:
         steps = as_int(snapshot_every_n_steps)
@@ -102,5 +104,6 @@ class StatefulDataLoader(DataLoader[_T_co]):
             decode_backend=decode_backend,
             decode_dtype=decode_dtype,
             channels_last=channels_last,
+            decode_lookahead=decode_lookahead,
             even_batches=even_batches,
         )
