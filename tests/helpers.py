@@ -327,6 +327,27 @@ class CountingBatches:
             k += 1
 
 
+def assert_whole_loop(got: list[Any], want_map_style: list[Any] | None) -> None:
+    """Check the batches a loop gave, bit for bit: `want_map_style` when
+    the source was map-style, else (None) the whole stream of each of two
+    `CountingBatches(3)` workers, in any order of worker."""
+    if want_map_style is not None:
+        want = want_map_style
+    else:  # each worker's stream whole; which task a worker took may vary
+        got = sorted(got, key=lambda b: (int(b[0][0]), int(b[1][0])))
+        want = [
+            (np.full(4, w), np.arange(k * 4, k * 4 + 4))
+            for w in range(2)
+            for k in range(3)
+        ]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert all(
+            a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+            for a, b in zip(g, w)
+        ), (g, w)
+
+
 class ChecksumDataset:
     """Sample i = (a (8, 16) uint8 block filled with i % 251, i), with an
     occasional short random delay: cheap to produce and to verify."""

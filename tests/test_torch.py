@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import CountingBatches  # noqa: E402
+from helpers import CountingBatches, assert_whole_loop  # noqa: E402
 from process_checks import child_pids  # noqa: E402
 from torch_helpers.datasets import (  # noqa: E402
     Datetimes,
@@ -105,21 +105,8 @@ def test_an_unnamed_torch_prefetcher_serves_its_whole_loop_then_closes_quietly(
             gc.enable()
     assert left == [], "the workers outlived the loop and the TorchPrefetcher"
     assert [w for w in caught if w.category is ResourceWarning] == []
-    if source == "map-style":
-        want = [expected(range(i, min(i + 4, 22))) for i in range(0, 22, 4)]
-    else:  # each worker's stream whole; which task a worker took may vary
-        got.sort(key=lambda b: (int(b[0][0]), int(b[1][0])))
-        want = [
-            (np.full(4, w), np.arange(k * 4, k * 4 + 4))
-            for w in range(2)
-            for k in range(3)
-        ]
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert all(
-            a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
-            for a, b in zip(g, w)
-        ), (g, w)
+    map_style = [expected(range(i, min(i + 4, 22))) for i in range(0, 22, 4)]
+    assert_whole_loop(got, map_style if source == "map-style" else None)
 
 
 @pytest.mark.parametrize("dataset", [DictImages, Rows])
