@@ -15,13 +15,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 
+from torch_helpers import encoded_images  # noqa: E402
 from torch_helpers.encoded_images import (  # noqa: E402
     MIN_PSNR_DB,
     SIZE,
     OnFakeGpu,
     image_files,
-    make_files,
-    on_fake_gpu,
+    loader_on,
     psnr,
     reference,
     truncate,
@@ -33,20 +33,9 @@ from fastq.torch import DataLoader  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, int, int]]:
-    return make_files(tmp_path_factory.mktemp("images"))
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> OnFakeGpu:
-    return on_fake_gpu(monkeypatch)
-
-
-def _loader(dataset: Any, on: OnFakeGpu, **kwargs: Any) -> DataLoader[Any]:
-    kwargs.setdefault("num_workers", 1)
-    return DataLoader(dataset, decode_backend=on.decoder, **kwargs)
+# The shared fixtures, taken by name.
+files = encoded_images.files
+fake_gpu = encoded_images.fake_gpu
 
 
 def test_other_kinds_and_rejected_files_are_decoded_per_image(
@@ -61,7 +50,7 @@ def test_other_kinds_and_rejected_files_are_decoded_per_image(
     rejected = 3
     decoder.reject = {Path(files[rejected][0]).stat().st_size}
     # Without workers: the crops are the dataset's own, as reference()'s.
-    loader = _loader(dataset, fake_gpu, batch_size=len(dataset), num_workers=0)
+    loader = loader_on(dataset, fake_gpu, batch_size=len(dataset), num_workers=0)
     [(images, _labels)] = list(loader)
     assert decoder.calls[0][0] == 8  # the baseline files only
     want = reference(dataset, range(len(dataset)))
@@ -88,7 +77,7 @@ def test_a_corrupt_file_fails_its_own_batch_naming_its_path_and_index(
     bad = 5
     truncate(copies[bad][0])
     dataset = image_files(copies)
-    loader = _loader(dataset, fake_gpu, batch_size=2)
+    loader = loader_on(dataset, fake_gpu, batch_size=2)
     it = iter(loader)
     for b in range(bad // 2):
         _images, labels = next(it)
@@ -170,7 +159,7 @@ def test_without_workers_the_stage_decodes_in_the_loaders_process(
     """num_workers=0: DataLoader's own loop makes the encoded batches, and
     the stage decodes them as it decodes a ring's."""
     dataset = image_files(files[:8])
-    loader = _loader(dataset, fake_gpu, batch_size=4, num_workers=0)
+    loader = loader_on(dataset, fake_gpu, batch_size=4, num_workers=0)
     got = []
     for images, _labels in loader:
         got.append(images)
@@ -188,7 +177,7 @@ def test_a_state_saved_mid_epoch_resumes_after_the_batch_handed_out(
     same crops and flips as the uninterrupted run's."""
     gpu = fake_gpu.gpu
     dataset = image_files(files[:8], repeat=3)  # 24 files, 6 batches
-    loader = _loader(dataset, fake_gpu, batch_size=4, num_workers=2, shuffle=True)
+    loader = loader_on(dataset, fake_gpu, batch_size=4, num_workers=2, shuffle=True)
     whole = []
     for k, (images, labels) in enumerate(loader):
         whole.append((images, labels))
@@ -196,7 +185,7 @@ def test_a_state_saved_mid_epoch_resumes_after_the_batch_handed_out(
         if k == 1:
             state = loader.state_dict()
     loader.close()
-    again = _loader(dataset, fake_gpu, batch_size=4, num_workers=1, shuffle=True)
+    again = loader_on(dataset, fake_gpu, batch_size=4, num_workers=1, shuffle=True)
     again.load_state_dict(state)
     rest = []
     for images, labels in again:

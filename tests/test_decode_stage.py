@@ -16,14 +16,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 
+from torch_helpers import encoded_images  # noqa: E402
 from torch_helpers.encoded_images import (  # noqa: E402
     MIN_PSNR_DB,
     SIZE,
     OnFakeGpu,
+    baseline,
     encoded_sample,
     image_files,
-    make_files,
-    on_fake_gpu,
+    loader_on,
     psnr,
     reference,
 )
@@ -31,7 +32,6 @@ from torch_helpers.pinning import wait_until  # noqa: E402
 
 from fastq._core._ring import FREE  # noqa: E402
 from fastq._loop._engine import DEVICE_SLOTS  # noqa: E402
-from fastq.torch import DataLoader  # noqa: E402
 from fastq.torch._decode_stage import (  # noqa: E402
     DECODE_LOOKAHEAD,
     DecodeStage,
@@ -40,24 +40,9 @@ from fastq.torch._decode_stage import (  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, int, int]]:
-    return make_files(tmp_path_factory.mktemp("images"))
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> OnFakeGpu:
-    return on_fake_gpu(monkeypatch)
-
-
-def _loader(dataset: Any, on: OnFakeGpu, **kwargs: Any) -> DataLoader[Any]:
-    kwargs.setdefault("num_workers", 1)
-    return DataLoader(dataset, decode_backend=on.decoder, **kwargs)
-
-
-def _baseline(files: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
-    return [f for f in files if f[2] == 0]
+# The shared fixtures, taken by name.
+files = encoded_images.files
+fake_gpu = encoded_images.fake_gpu
 
 
 # ------------------------------------------------------------------ pixels
@@ -159,8 +144,8 @@ def test_batch_k_plus_1_is_decoding_before_the_loop_gets_batch_k(
     the loop's stream, and the GPU has run nothing yet: the loop never
     waited for it."""
     gpu, decoder, cuda = fake_gpu.gpu, fake_gpu.decoder, fake_gpu.cuda
-    dataset = image_files(_baseline(files), repeat=3)  # 24 files
-    loader = _loader(dataset, fake_gpu, batch_size=4, timeout=30)
+    dataset = image_files(baseline(files), repeat=3)  # 24 files
+    loader = loader_on(dataset, fake_gpu, batch_size=4, timeout=30)
     batches = len(loader)
     seen = 0
     for k, (images, labels) in enumerate(loader):
@@ -191,8 +176,10 @@ def test_no_synchronize_on_the_loops_thread_and_slots_wait_for_their_decode(
     workers); once the GPU runs, the slots come back and the epoch goes on
     to its end."""
     gpu = fake_gpu.gpu
-    dataset = image_files(_baseline(files), repeat=10)  # 80 files
-    loader = _loader(dataset, fake_gpu, batch_size=2, slots=2, persistent_workers=True)
+    dataset = image_files(baseline(files), repeat=10)  # 80 files
+    loader = loader_on(
+        dataset, fake_gpu, batch_size=2, slots=2, persistent_workers=True
+    )
     it = iter(loader)
     next(it)
     engine = loader._engine._engine
@@ -228,8 +215,8 @@ def test_the_stages_memory_stays_bounded_over_a_thousand_batches(
     batches in flight, its device bytes, the decoder's live outputs and
     the slots waiting for a decode stay bounded by a few batches."""
     gpu, decoder = fake_gpu.gpu, fake_gpu.decoder
-    dataset = image_files(_baseline(files), repeat=250)  # 2,000 files
-    loader = _loader(dataset, fake_gpu, batch_size=2, slots=4)
+    dataset = image_files(baseline(files), repeat=250)  # 2,000 files
+    loader = loader_on(dataset, fake_gpu, batch_size=2, slots=4)
     one_batch = 0
     live_peak = 0
     for k, (images, labels) in enumerate(loader):

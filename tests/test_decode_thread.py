@@ -17,11 +17,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 
+from torch_helpers import encoded_images  # noqa: E402
 from torch_helpers.encoded_images import (  # noqa: E402
     OnFakeGpu,
+    baseline,
     image_files,
-    make_files,
-    on_fake_gpu,
+    loader_on,
 )
 from torch_helpers.pinning import wait_until  # noqa: E402
 
@@ -30,21 +31,11 @@ from fastq.torch import DataLoader, _decode_stage  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
+# The shared fixtures, taken by name.
+files = encoded_images.files
+fake_gpu = encoded_images.fake_gpu
+
 STAGE_THREAD = "fastq-decode-stage"
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, int, int]]:
-    return make_files(tmp_path_factory.mktemp("images"))
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> OnFakeGpu:
-    return on_fake_gpu(monkeypatch)
-
-
-def _baseline(files: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
-    return [f for f in files if f[2] == 0]
 
 
 def _progressive(files: list[tuple[str, int, int]]) -> tuple[str, int, int]:
@@ -90,7 +81,7 @@ def _with_slow_batch(
 ) -> list[tuple[str, int, int]]:
     """Baseline files, with the progressive one (decoded with Pillow) as
     the first file of batch ``batch``."""
-    base = _baseline(files) * 3
+    base = baseline(files) * 3
     at = batch * batch_size
     return [*base[:at], _progressive(files), *base[at:]]
 
@@ -112,9 +103,7 @@ def test_nothing_of_the_decode_runs_on_the_loops_thread(
     slow = SlowFile(monkeypatch, _progressive(files)[0])
     slow.release.set()
     dataset = image_files(files, repeat=2)  # 24 files, every kind
-    loader = DataLoader(
-        dataset, batch_size=4, num_workers=1, decode_backend=fake_gpu.decoder
-    )
+    loader = loader_on(dataset, fake_gpu, batch_size=4)
     loop = threading.current_thread().name
     got = [labels.tolist() for _, labels in loader]
     assert len(got) == 6
@@ -140,9 +129,7 @@ def test_a_slow_file_does_not_hold_the_loop_back_while_batches_are_ready(
     (the thread runs ahead of the loop), then batch 2 once it is done."""
     slow = SlowFile(monkeypatch, _progressive(files)[0])
     dataset = image_files(_with_slow_batch(files, 2))
-    loader = DataLoader(
-        dataset, batch_size=2, num_workers=1, decode_backend=fake_gpu.decoder
-    )
+    loader = loader_on(dataset, fake_gpu, batch_size=2)
     it = iter(loader)
     try:
         for k in range(2):
@@ -182,9 +169,7 @@ def test_ctrl_c_in_next_loses_no_batch(
 
     slow.on_start = ctrl_c
     dataset = image_files(_with_slow_batch(files, 0))
-    loader = DataLoader(
-        dataset, batch_size=2, num_workers=1, decode_backend=fake_gpu.decoder
-    )
+    loader = loader_on(dataset, fake_gpu, batch_size=2)
     it = iter(loader)
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -214,13 +199,7 @@ def test_close_with_a_decode_in_progress_stops_and_joins_the_thread(
     worker or mapping (the conftest checks the last two)."""
     slow = SlowFile(monkeypatch, _progressive(files)[0])
     dataset = image_files(_with_slow_batch(files, 1))
-    loader = DataLoader(
-        dataset,
-        batch_size=2,
-        num_workers=1,
-        persistent_workers=True,
-        decode_backend=fake_gpu.decoder,
-    )
+    loader = loader_on(dataset, fake_gpu, batch_size=2, persistent_workers=True)
     it = iter(loader)
     images, labels = next(it)
     wait_until(slow.started.is_set)  # batch 1 decodes on the stage's thread
@@ -247,14 +226,8 @@ def test_break_then_a_new_epoch(
     epoch: the first epoch's thread is stopped before the second takes a
     batch, one thread decodes at a time, and the second epoch is whole
     and in order."""
-    dataset = image_files(_baseline(files), repeat=3)  # 24 files
-    loader = DataLoader(
-        dataset,
-        batch_size=4,
-        num_workers=1,
-        persistent_workers=True,
-        decode_backend=fake_gpu.decoder,
-    )
+    dataset = image_files(baseline(files), repeat=3)  # 24 files
+    loader = loader_on(dataset, fake_gpu, batch_size=4, persistent_workers=True)
     for _, labels in loader:
         assert labels.tolist() == [dataset.samples[i][1] for i in range(4)]
         wait_until(lambda: len(_stage_threads()) == 1)
@@ -280,7 +253,7 @@ def test_decode_lookahead_bounds_the_batches_decoded_ahead(
     """decode_lookahead=1: when the loop has batch k, the thread has decoded
     batch k+1 and no further (it waits for room in its queue)."""
     decoder = fake_gpu.decoder
-    dataset = image_files(_baseline(files), repeat=3)  # 24 files
+    dataset = image_files(baseline(files), repeat=3)  # 24 files
     loader = DataLoader(
         dataset,
         batch_size=4,

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 import vision_fixtures as vf
 
+from fastq.torch import DataLoader
 from fastq.torch._decoders import decode_with_pil
 from fastq.vision import KIND_HW_JPEG, KIND_OTHER, ImageFiles, decode_on_cpu
 from torch_helpers.pinning import FakeCuda, FakeEvent, FakeGpu
@@ -288,3 +290,26 @@ def on_fake_gpu(monkeypatch: Any) -> OnFakeGpu:
     monkeypatch.setattr(_image_decode, "make_cuda", lambda device: on.cuda)
     monkeypatch.setattr(_image_decode, "decode_ring", on.ring)
     return on
+
+
+# The decode tests' fixtures: a test module takes them by importing them.
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, int, int]]:
+    return make_files(tmp_path_factory.mktemp("images"))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> OnFakeGpu:
+    return on_fake_gpu(monkeypatch)
+
+
+def loader_on(dataset: Any, on: OnFakeGpu, **kwargs: Any) -> DataLoader[Any]:
+    """A DataLoader (one worker unless told) decoding with the fake GPU's
+    decoder."""
+    kwargs.setdefault("num_workers", 1)
+    return DataLoader(dataset, decode_backend=on.decoder, **kwargs)
+
+
+def baseline(files: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """The baseline JPEGs among `files`, those the GPU backend takes."""
+    return [f for f in files if f[2] == KIND_HW_JPEG]
