@@ -35,6 +35,8 @@ BATCH = 500
 
 
 def annotation(i: int) -> dict[str, object]:
+    """A COCO-style annotation, as json.load gives it (its keys one object
+    for all records, as json's memo makes them)."""
     return {
         "id": i,
         "image_id": i // 7,
@@ -47,6 +49,8 @@ def annotation(i: int) -> dict[str, object]:
 
 
 def pss(pid: int) -> int:
+    # fastq._bench.procstat.pss_bytes, written again: this script imports
+    # nothing beyond the standard library.
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:

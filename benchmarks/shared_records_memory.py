@@ -46,6 +46,7 @@ import time
 from typing import Any
 
 import numpy as np
+from records_fork_model import annotation
 
 from fastq._bench.procstat import pss_bytes, total_pss
 
@@ -60,20 +61,6 @@ CASES = [
     "fastq-none",
 ]
 BATCH = 500
-
-
-def annotation(i: int) -> dict[str, Any]:
-    """A COCO-style annotation, as json.load gives it (its keys one object
-    for all records, as json's memo makes them)."""
-    return {
-        "id": i,
-        "image_id": i // 7,
-        "file_name": f"train2017/{i // 7:012d}.jpg",
-        "bbox": [(i % 640) * 0.5, (i % 480) * 0.25, 32.5, 48.25],
-        "category_id": i % 80,
-        "area": 1560.0 + i,
-        "iscrowd": i % 50 == 0,
-    }
 
 
 class Reads:
