@@ -213,15 +213,16 @@ class DecodeStage:
                         pixels[i], cropped[i] = t, decoder.crops
         nbytes = 0
         crops: list[torch.Tensor] = []
+        boxes = files.box.tolist()  # Python ints once, not n numpy scalars
         for i in range(n):
             t = pixels[i]
-            top, left, height, width = (int(v) for v in files.box[i])
+            top, left, height, width = boxes[i]
             if t is None:
                 # Other kinds, and what the backend rejected: Pillow, then
                 # up (page-locked staging, no wait).
                 self.per_image += 1
                 try:
-                    host = decode_with_pil(files.data(i), files.box[i])
+                    host = decode_with_pil(files.data(i), boxes[i])
                 except Exception as exc:
                     raise _named(exc, int(files.index[i]), self.path_of) from exc
                 t = self.cuda.upload(host)
@@ -237,15 +238,18 @@ class DecodeStage:
             crops.append(t)
         batch = self._resize(crops)
         flips = files.flip.astype(bool)
-        if flips.any():
+        flipped = bool(flips.any())
+        if flipped:
             # The batch's flips in two kernels, not one per flipped image.
             mask = self.cuda.upload(torch.from_numpy(flips)).view(-1, 1, 1, 1)
             batch = torch.where(mask, batch.flip(-1), batch)
         assert self._scale is not None and self._shift is not None
         batch.mul_(self._scale).sub_(self._shift)
         images = batch.to(dtype=self.dtype, memory_format=self.memory_format)
-        labels = self.cuda.upload(torch.from_numpy(files.label.astype(np.int64)))
-        nbytes += batch.numel() * 4 * (2 if flips.any() else 1)
+        labels = self.cuda.upload(
+            torch.from_numpy(files.label.astype(np.int64, copy=False))
+        )
+        nbytes += batch.numel() * 4 * (2 if flipped else 1)
         nbytes += images.numel() * images.element_size()
         self.images += n
         return _Decoded(images, labels, nbytes=nbytes)
