@@ -201,7 +201,7 @@ class ImageDecode:
 
     def stop_epoch(self, wait: bool = True) -> None:
         """Stops the decode stage's thread of the epoch in progress (NOTE
-        [ The decode stage's thread ] in fastq/torch/_decode_stage.py):
+        [ The decode stage's thread ] in fastq/torch/_decode_thread.py):
         before a new epoch takes batches, and first as the loader closes
         (``wait`` False: the engine's close wakes it; ``close`` joins it)."""
         if self.stage is not None:
