@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ImageError
+from ..vision._decode import decode_error
 from ._cuda import Event
 from ._decode_cuda import DecodeCuda
 from ._decoders import KIND_HW_JPEG, Decoder, decode_with_pil
@@ -400,12 +401,7 @@ def _named(exc: Exception, index: int, path_of: Callable[[int], str]) -> ImageEr
         path = path_of(index)
     except Exception:
         path = "?"
-    error = ImageError(
-        f"image {path!r} (sample {index}) cannot be decoded: "
-        f"{type(exc).__name__}: {exc}",
-        path=path,
-        index=index,
-    )
+    error = decode_error(path, index, exc)
     # The batch is spent, as one a worker's error ends: a loader's count of
     # batches delivered includes it (_loader_iterator.py).
     error.fastq_batch_spent = True  # type: ignore[attr-defined]

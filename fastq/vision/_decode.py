@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ImageError
 from ._plan import DecodePlan
 
 
@@ -21,6 +22,17 @@ def load_rgb(data: Any) -> Any:
 
     with Image.open(io.BytesIO(data)) as image:
         return image.convert("RGB")
+
+
+def decode_error(path: str, index: int, exc: Exception) -> ImageError:
+    """The error for a file Pillow cannot decode, naming its path and
+    dataset index, wherever it is decoded (a worker, the GPU stage)."""
+    return ImageError(
+        f"image {path!r} (sample {index}) cannot be decoded: "
+        f"{type(exc).__name__}: {exc}",
+        path=path,
+        index=index,
+    )
 
 
 def decode_on_cpu(

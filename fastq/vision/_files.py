@@ -15,7 +15,7 @@ import numpy as np
 from .._layout._jagged import Jagged
 from .._make._worker_info import get_worker_info
 from ..errors import ConfigError, ImageError
-from ._decode import decode_on_cpu, load_rgb
+from ._decode import decode_error, decode_on_cpu, load_rgb
 from ._header import image_header
 from ._plan import DecodePlan, Unreadable, read_transform
 
@@ -215,7 +215,7 @@ class ImageFiles:
         try:
             image = decode_on_cpu(data, box, flip, plan)
         except OSError as exc:
-            raise _decode_error(path, index, exc) from exc
+            raise decode_error(path, index, exc) from exc
         return image, label
 
     def _plain(self, index: int, path: str) -> Any:
@@ -227,7 +227,7 @@ class ImageFiles:
             try:
                 image = load_rgb(data)
             except OSError as exc:
-                raise _decode_error(path, index, exc) from exc
+                raise decode_error(path, index, exc) from exc
         if self.transform is not None:
             image = self.transform(image)
         return image
@@ -236,12 +236,3 @@ class ImageFiles:
         mode = "encoded" if self._encoded else "decoded"
         name = type(self).__name__
         return f"{name}({len(self)} images, {mode}, plan={self.decode_plan})"
-
-
-def _decode_error(path: str, index: int, exc: OSError) -> ImageError:
-    return ImageError(
-        f"image {path!r} (sample {index}) cannot be decoded: "
-        f"{type(exc).__name__}: {exc}",
-        path=path,
-        index=index,
-    )
