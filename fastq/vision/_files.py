@@ -170,7 +170,10 @@ class ImageFiles:
         """Each sample's file size in bytes (read once)."""
         if self._file_bytes is None:
             if not self.samples:
-                raise ConfigError("the dataset has no samples, so no spec")
+                raise ConfigError(
+                    f"{type(self).__name__}: samples=[] (no images), so no file "
+                    "sizes a batch spec; give it at least one (path, label)"
+                )
             self._file_bytes = np.array(
                 [os.stat(path).st_size for path, _ in self.samples], np.int64
             )
