@@ -164,14 +164,15 @@ class Lanes:
     def next_lane(self, turns: bool) -> Lane | None:
         """The live lane to make the next item: in turns, the one whose
         task is lowest; else the next in round robin. None: none is live."""
-        live = [lane for lane in self.lanes if lane.live]
-        if not live:
-            return None
+        lanes = self.lanes
+        n = len(lanes)
+        if n == 1:  # one lane a process, the default: no list per batch
+            return lanes[0] if lanes[0].live else None
         if turns:
-            return min(live, key=lambda lane: (lane.turn, lane.id))
-        n = len(self.lanes)
+            live = [lane for lane in lanes if lane.live]
+            return min(live, key=lambda lane: (lane.turn, lane.id)) if live else None
         for k in range(n):
-            lane = self.lanes[(self._next + k) % n]
+            lane = lanes[(self._next + k) % n]
             if lane.live:
                 self._next = (self._next + k + 1) % n
                 return lane
