@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 
 def quiet_env() -> dict[str, str]:
@@ -30,3 +31,24 @@ def instructions(script: str, args: list[str], out: str) -> int:
             if line.startswith(("totals:", "summary:")):
                 return int(line.split()[1])
     raise RuntimeError(f"no totals in {out}")
+
+
+def run_steps(
+    setup: Callable[[str, str], Callable[[int], None]],
+    shape: str,
+    variant: str,
+    batches: int,
+) -> None:
+    """The counted child: ``batches`` steps of ``setup(shape, variant)``."""
+    step = setup(shape, variant)
+    for t in range(batches):
+        step(t)
+
+
+def step_instructions(
+    script: str, shape: str, variant: str, batches: int, tmp: str
+) -> int:
+    """Instructions of ``script``'s child (``--child shape variant
+    batches``, which calls run_steps), its output file left in ``tmp``."""
+    out = os.path.join(tmp, f"cg.{shape}.{variant}.{batches}")
+    return instructions(script, ["--child", shape, variant, str(batches)], out)

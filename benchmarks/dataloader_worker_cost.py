@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,7 @@ import time
 from typing import Callable
 
 import numpy as np
-from callgrind_run import instructions
+from callgrind_run import run_steps, step_instructions
 
 VARIANTS = ("prefetcher", "dropin", "dropin-torch")
 EPOCH_BATCHES = 16
@@ -119,17 +118,6 @@ def _setup(shape: str, variant: str) -> Callable[[int], None]:
     return step
 
 
-def _child(shape: str, variant: str, batches: int) -> None:
-    step = _setup(shape, variant)
-    for t in range(batches):
-        step(t)
-
-
-def _instructions(shape: str, variant: str, batches: int, tmp: str) -> int:
-    out = os.path.join(tmp, f"cg.{shape}.{variant}.{batches}")
-    return instructions(__file__, ["--child", shape, variant, str(batches)], out)
-
-
 def _wall(shape: str, blocks: int, per_block: int) -> dict[str, float]:
     steps = {v: _setup(shape, v) for v in VARIANTS}
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -146,7 +134,7 @@ def _wall(shape: str, blocks: int, per_block: int) -> dict[str, float]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        run_steps(_setup, sys.argv[2], sys.argv[3], int(sys.argv[4]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-s", "--shape", default="imagenet")
@@ -167,7 +155,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         counts = {}
         for v in VARIANTS:
-            a, b = (_instructions(args.shape, v, n, tmp) for n in (4, 12))
+            a, b = (step_instructions(__file__, args.shape, v, n, tmp) for n in (4, 12))
             counts[v] = (b - a) / 8
         base_i = counts["prefetcher"]
         print("instructions per batch (callgrind, 12 batches less 4)")

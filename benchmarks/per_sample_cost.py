@@ -47,7 +47,7 @@ from collections import deque
 from typing import Any, Callable
 
 import numpy as np
-from callgrind_run import instructions, quiet_env
+from callgrind_run import quiet_env, run_steps, step_instructions
 
 from fastq._bench.report import machine
 
@@ -112,17 +112,6 @@ def _setup(shape: str, variant: str) -> Callable[[int], None]:
     return step
 
 
-def _child(shape: str, variant: str, batches: int) -> None:
-    step = _setup(shape, variant)
-    for t in range(batches):
-        step(t)
-
-
-def _instructions(shape: str, variant: str, batches: int, tmp: str) -> int:
-    out = os.path.join(tmp, f"cg.{shape}.{variant}.{batches}")
-    return instructions(__file__, ["--child", shape, variant, str(batches)], out)
-
-
 def _memcpy(path: str) -> int:
     """Instructions counted in the C library's memcpy (self cost) in a
     callgrind output file."""
@@ -156,7 +145,7 @@ def _marginal(
     """Instructions per sample of one more batch: all, and memcpy's."""
     from fastq._bench.workloads import WORKLOADS
 
-    a, b = (_instructions(shape, variant, n, tmp) for n in lengths)
+    a, b = (step_instructions(__file__, shape, variant, n, tmp) for n in lengths)
     samples = (lengths[1] - lengths[0]) * WORKLOADS[shape].rows
     cp = [_memcpy(os.path.join(tmp, f"cg.{shape}.{variant}.{n}")) for n in lengths]
     return (b - a) / samples, (cp[1] - cp[0]) / samples
@@ -282,7 +271,7 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        run_steps(_setup, sys.argv[2], sys.argv[3], int(sys.argv[4]))
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-s", "--shapes", default=",".join(SHAPES))
