@@ -52,8 +52,6 @@ class Ahead:
         self.ready: deque[Any] = deque()
         self.stopped = False
         self.held = False  # an error taking a batch, not met by the loop yet
-        self.taken = 0  # batches (and errors) the thread took
-        self.handed = 0  # of those, the ones the loop took
         self.thread: threading.Thread | None = None
 
     def stop(self, wait: bool = True) -> None:
@@ -116,7 +114,6 @@ def _decode_ahead(
                         return
                     ahead.ready.append(item)
                     if item is not _END:
-                        ahead.taken += 1
                         ahead.held = from_feed
                     changed.notify_all()
                 if item is _END:
@@ -126,7 +123,6 @@ def _decode_ahead(
         with changed:
             if not ahead.stopped:
                 ahead.ready.append(_Decoded(error=exc))
-                ahead.taken += 1
                 ahead.held = True
                 changed.notify_all()
 
@@ -191,7 +187,6 @@ class DecodedEpoch:
                 ahead.changed.wait()  # a Ctrl+C here leaves the batch queued
             item = ahead.ready.popleft() if ahead.ready else None
             if item is not _END:
-                ahead.handed += 1
                 ahead.held = False
             ahead.changed.notify_all()
         if item is None:
@@ -231,13 +226,6 @@ class DecodedEpoch:
         """The epoch has not ended for the loop: its thread may be taking
         batches, so the loader's own place may be past ``place``."""
         return not self._ended
-
-    @property
-    def ahead(self) -> bool:
-        """A batch was taken from the loader and not handed out yet."""
-        ahead = self._ahead
-        with ahead.changed:
-            return ahead.taken > ahead.handed
 
     def stop(self) -> None:
         """Stops and joins the stage's thread; later next() calls end."""
