@@ -197,11 +197,11 @@ class DecodeStage:
         cropped = [False] * n
         decoder = self.decoder
         if decoder is not None:
-            on_gpu = [
-                i
-                for i in range(n)
-                if decoder.takes_other_kinds or files.kind[i] == KIND_HW_JPEG
-            ]
+            on_gpu = (
+                list(range(n))
+                if decoder.takes_other_kinds
+                else np.flatnonzero(files.kind == KIND_HW_JPEG).tolist()
+            )
             if on_gpu:
                 out = decoder.decode(
                     [files.data(i) for i in on_gpu], files.box[on_gpu], self.stream
