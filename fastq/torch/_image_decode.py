@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from ._decode_cuda import DecodeCuda, TorchDecodeCuda
 from ._decode_stage import DECODE_LOOKAHEAD, DecodeStage
 from ._decode_thread import DecodedEpoch
@@ -126,8 +127,6 @@ class ImageDecode:
         self.lookahead = lookahead
         self.backend = check_backend(backend)
         if not isinstance(dtype, torch.dtype):
-            from ..errors import ConfigError
-
             raise ConfigError(
                 f"decode_dtype={dtype!r}: expected a torch.dtype, e.g. "
                 "torch.float32 (ToTensor's) or torch.bfloat16"
