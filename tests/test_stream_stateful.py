@@ -13,7 +13,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_helpers.stateful_objects import DrawingStream, StatefulIterStream  # noqa: E402
+from torch_helpers.stateful_objects import (  # noqa: E402
+    DrawingStream,
+    EpochCountingStream,
+    StatefulIterStream,
+)
 
 import fastq  # noqa: E402
 from fastq.torch import StatefulDataLoader  # noqa: E402
@@ -82,6 +86,30 @@ def test_persistent_workers_resume_a_drawing_stream_in_a_later_epoch(
         resumed.load_state_dict(state)
         assert list(resumed) == expected
         resumed.close()
+
+
+@pytest.mark.parametrize("workers", [3, 2])
+def test_a_state_changed_as_the_pass_ends_resumes_the_next_epoch(workers: int) -> None:
+    """A dataset that advances its own epoch after its last item: persistent
+    workers' copies carry it into their next pass, so a state saved between
+    epochs holds each lane's state as its iterator ended, and resumed on
+    the same or another number of workers, the next epochs are the
+    uninterrupted run's."""
+
+    def make(n: int) -> StatefulDataLoader:
+        return loader(EpochCountingStream(15), n, persistent_workers=True)
+
+    dl = make(3)
+    list(dl)
+    between = json_copy(dl.state_dict())
+    second, third = list(dl), list(dl)
+    dl.close()
+    assert {epoch for batch in second for _, epoch in batch} == {1}
+    resumed = make(workers)
+    resumed.load_state_dict(between)
+    assert list(resumed) == second
+    assert list(resumed) == third
+    resumed.close()
 
 
 @pytest.mark.parametrize("dataset", [StatefulIterStream, DrawingStream])

@@ -358,8 +358,14 @@ class PlannedLoader(Face):
         if self._planner is not None:
             raise TypeError("a planned source is iterated with begin_epoch()")
         feed = self._engine.feed
-        lane_states = self._batches.lane_states
-        lane_states.clear()  # a new pass: no state yet, unless resumed
+        batches = self._batches
+        lane_states = batches.lane_states
+        # A new pass: no state yet, but where a lane's copy ended the last
+        # pass (persistent workers), it starts this one from that state;
+        # or from the one resumed.
+        lane_states.clear()
+        lane_states.update(batches.ended_states)
+        batches.ended_states.clear()
         lane_states.update(self._resumed_states)
         self._resumed_states = {}
         if feed is not None:
@@ -443,6 +449,9 @@ class _PackedBatches:
         # after it): each lane's latest state handed out, for a checkpoint.
         self.stateful = False
         self.lane_states: dict[int, Any] = {}
+        # Its state as each lane's iterator ended in this pass (carried by
+        # the end marker), where the lane's next pass starts.
+        self.ended_states: dict[int, Any] = {}
 
     def make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any:
         raise RingError("a DataLoader's slots hold packed batches only")
@@ -469,6 +478,17 @@ class _PackedBatches:
         if self._convert is not None:
             return self._convert(batch)
         return batch
+
+    def lane_ended(self, lease: SlotLease) -> None:
+        """A stateful iterable's state as a lane's iterator ended: the
+        lane's place from now on (copied: the slot goes back to the
+        workers)."""
+        if not self.stateful:
+            return
+        slot = np.frombuffer(memoryview(lease), dtype=np.uint8)
+        state = copy.deepcopy(unpack(slot, lease.payload_bytes, self._codec))
+        del slot
+        self.lane_states[lease.worker] = self.ended_states[lease.worker] = state
 
     def _copied(self, batch: Any) -> Any:
         # Silently, as DataLoader keeps batches silently: a warning here

@@ -59,6 +59,12 @@ class FeedOwner(Protocol):
         PackedSpec's; fastq/_layout/_packing.py)."""
         ...
 
+    def lane_ended(self, lease: SlotLease) -> None:
+        """A lane's end marker that carries a packed record (a stateful
+        dataset's state as the lane's iterator ended): the owner keeps it
+        as the lane's place."""
+        ...
+
     def returning_slots(self) -> int:
         """Slots the consumer holds that come back without the loop (a
         pinned ring's, once the GPU has read them): the census counts them
@@ -509,6 +515,9 @@ class _PassIterator(_Loop):
         while self._token == feed.live and c.ends - self._ends0 < workers:
             lease = feed.next_lease(0, _ALL_TASKS)
             if lease.pass_ < c.pass_ or lease.kind == SLOT_END:
+                if lease.payload_bytes and lease.pass_ == c.pass_:
+                    # A stateful dataset's state as the lane's pass ended.
+                    feed.owner.lane_ended(lease)
                 if turns is not None and lease.pass_ == c.pass_:
                     turns.ended_at(lease.worker, lease.task)
                 del lease

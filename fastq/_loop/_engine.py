@@ -44,10 +44,13 @@ def in_main_thread() -> bool:
 class BatchMaker(Protocol):
     """What a face hands out for each batch: ``make_batch`` turns a plain
     slot's leaf arrays (views, or copies) into it; ``unpack`` a packed
-    slot's lease (a DataLoader's). Holds no reference to its face."""
+    slot's lease (a DataLoader's); ``lane_ended`` keeps what a lane's end
+    marker carries (a stateful dataset's state). Holds no reference to its
+    face."""
 
     def make_batch(self, arrays: list[np.ndarray[Any, Any]]) -> Any: ...
     def unpack(self, lease: SlotLease) -> Any: ...
+    def lane_ended(self, lease: SlotLease) -> None: ...
 
 
 class PlainBatches:
@@ -65,6 +68,9 @@ class PlainBatches:
             f"slot {lease.slot} holds a packed batch, but this ring's slots "
             "hold fixed fields"
         )
+
+    def lane_ended(self, lease: SlotLease) -> None:
+        """A Prefetcher's end markers carry nothing."""
 
 
 class SlotPinning(Protocol):
@@ -223,6 +229,10 @@ class Engine:
     def unpack(self, lease: SlotLease) -> Any:
         assert self.batches is not None
         return self.batches.unpack(lease)
+
+    def lane_ended(self, lease: SlotLease) -> None:
+        assert self.batches is not None
+        self.batches.lane_ended(lease)
 
     def returning_slots(self) -> int:
         """Slots the consumer holds that come back without the loop: a

@@ -80,8 +80,10 @@ class WorkerConfig:
     # has none): loaded into the lane's copy instead of passing over items.
     resume_states: list[Any] | None = None
     # The first lane's first item, made before the ring, came from its
-    # loaded state: the lane starts there, passing over nothing.
+    # loaded state (loaded into `first_source`, a copy of the source): the
+    # lane starts there, passing over nothing.
     first_resumed: bool = False
+    first_source: Any = None
     first_pass: int = 0
     # A packed stream delivered in order: the workers' items come in turn
     # (fastq/_core/_turns.py), this worker's from `first_turn` in the ring's

@@ -159,6 +159,8 @@ class Lanes:
                 lane.turn += cfg.first_turn
                 if cfg.first_resumed:  # its first item came after its state
                     lane.skip, lane.state = 0, None
+                    # from the copy it was loaded into: the lane's from now on
+                    lane.source = lane.pass_source = cfg.first_source
         self._next = 0
 
     def next_lane(self, turns: bool) -> Lane | None:
@@ -199,14 +201,16 @@ class Lanes:
 
 def resume_source(lane: Lane) -> None:
     """Before a resumed lane opens its stream: a stateful source loads the
-    lane's saved state into a copy, used for this pass alone (a dataset may
-    keep a loaded state for its next iterators too), instead of the lane's
-    passing over its items."""
+    lane's saved state into a copy, instead of the lane's passing over its
+    items. The copy is the lane's from then on, as a DataLoader worker's
+    dataset keeps a loaded state: its next passes go on from where this
+    one leaves it (an epoch it counts, say)."""
     if lane.state is None or not keeps_place(lane.source):
         return
     source = lane.source.for_lane()
     source.load_lane_state(lane.state)
-    lane.pass_source, lane.state = source, None
+    lane.source = lane.pass_source = source
+    lane.state = None
     lane.it, lane.held, lane.skip = None, NOTHING, 0
 
 

@@ -51,6 +51,11 @@ class _Stream(Producer):
         for it."""
         raise NotImplementedError
 
+    def _end_of_lane(self, lane: Lane, slot: int) -> tuple[int, int]:
+        """What the end marker of the lane's pass carries in its slot, as
+        ``_make``'s sizes: here nothing."""
+        return 0, 0
+
     def _failed(self, slot: int, exc: Exception, lane: Lane, pass_: int) -> bool:
         """Reports exc in place of the slot's batch: whether the lane's
         pass goes on after it (here: it ends there)."""
@@ -98,7 +103,8 @@ class _Stream(Producer):
                 rows, record = make(lane, item, slot)
             except StopIteration:
                 lane.live = False
-                if not ring.publish(slot, SLOT_END, 0, pass_, lane.id):
+                size, record = self._end_of_lane(lane, slot)
+                if not ring.publish(slot, SLOT_END, size, pass_, lane.id, 0, record):
                     return
                 continue
             except Exception as exc:
@@ -230,6 +236,17 @@ class PackedStream(_Stream):
         batch = next(lane.it) if item is NOTHING else item  # type: ignore[arg-type]
         # Not made into the slot (the iterator ran before it was known).
         return pack(batch, self.slots[slot], self.codec)
+
+    def _end_of_lane(self, lane: Lane, slot: int) -> tuple[int, int]:
+        """A stateful dataset's state as its iterator ended, asked here,
+        in the lane's worker, after StopIteration: packed into the end
+        marker's slot, for the consumer to record as the lane's place
+        between passes. Nothing is asked of any other dataset."""
+        state_at_end = getattr(lane.it, "state_at_end", None)
+        state = None if state_at_end is None else state_at_end()
+        if state is None:
+            return 0, 0
+        return pack(state, self.slots[slot], self.codec)
 
     def _failed(self, slot: int, exc: Exception, lane: Lane, pass_: int) -> bool:
         self._report(slot, exc, 0, pass_)

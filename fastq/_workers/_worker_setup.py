@@ -219,7 +219,7 @@ def resumed_first_source(cfg: WorkerConfig) -> Any:
         return None
     source = cfg.source.for_lane()
     source.load_lane_state(state)
-    cfg.first_resumed = True
+    cfg.first_resumed, cfg.first_source = True, source
     return source
 
 

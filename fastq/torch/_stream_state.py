@@ -159,8 +159,10 @@ def checked_stream_state(loader: DataLoader[Any], state: Any) -> LoadedStream:
     place = None
     if items is not None:
         place = StreamResume(pass_, list(items), states)
-    elif pass_:  # the next epoch of persistent workers: its pass seeds them
-        place = StreamResume(pass_, [0] * lanes)
+    elif pass_ or states is not None:
+        # The next epoch of persistent workers: its pass seeds them, and
+        # their copies of a Stateful dataset start it from their states.
+        place = StreamResume(pass_, [0] * lanes, states)
     return LoadedStream(epoch, place, lanes, seed, rng_state)
 
 
@@ -232,9 +234,12 @@ def stream_state_between_epochs(loader: Any) -> dict[str, Any]:
         )
     engine = loader._engine
     persistent = loader.persistent_workers and engine is not None
-    pass_ = 0
+    pass_, states = 0, None
     if persistent and engine._feed is not None:
         pass_ = engine._feed.stream_place().pass_
+        # A Stateful dataset's copies start the next pass from their state
+        # as each lane's iterator ended (which a dataset may change then).
+        states = engine.lane_states()
     return saved_stream_state(
         loader,
         epoch=loader._epoch,
@@ -242,7 +247,7 @@ def stream_state_between_epochs(loader: Any) -> dict[str, Any]:
         lanes=(loader._streams or loader.num_workers)
         if engine is None
         else engine.streams,
-        dataset_states=None,
+        dataset_states=states,
         seed=loader._seed if persistent else None,
         rng=rng,
         pass_=pass_,

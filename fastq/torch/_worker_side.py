@@ -435,6 +435,13 @@ class _Batches:
     def __iter__(self) -> _Batches:
         return self
 
+    def state_at_end(self) -> Any:
+        """Once the iterator has ended: the states of a stateful dataset
+        and of its iterator as they stand after it (a dataset may change
+        its own as its pass ends, as torchdata's workers save it then);
+        None for any other dataset."""
+        return None if self.state_of is None else self.state_of()
+
     def _next_batch(self) -> Any:
         if self.ended:
             raise StopIteration

@@ -15,13 +15,12 @@ StatefulDataLoader, which validates the tests themselves (all pass there)::
 
     FASTQ_PORT_AGAINST=torchdata python -m pytest tests/stateful_port
 
-Against fastq, three kinds of test do not simply pass, each marked here:
+Against fastq, two kinds of test do not simply pass, each marked here:
 `snapshot_layout` (skipped: the test reads StatefulDataLoader's internal
 snapshot layout, ``state["_snapshot"]["_worker_snapshots"]``, which
-fastq's state does not have), `not_sent_at_end` (skipped: a dataset's
-state as its iterator ends, which fastq's workers do not send), and a
-deliberate difference, tested the other way round (resuming on another
-number of workers, which torchdata refuses and fastq does).
+fastq's state does not have), and a deliberate difference, tested the
+other way round (resuming on another number of workers, which torchdata
+refuses and fastq does).
 """
 
 from __future__ import annotations
@@ -55,19 +54,6 @@ def snapshot_layout(what: str) -> pytest.MarkDecorator:
         reason=f"reads StatefulDataLoader's internal snapshot layout ({what}); "
         "fastq's state is computed, not snapshotted, and has no such keys",
     )
-
-
-# A dataset's state changed as its iterator ends (after its last batch of
-# a pass), which only persistent workers' copies carry into their next pass.
-not_sent_at_end = pytest.mark.skipif(
-    FASTQ,
-    reason="a dataset's state changed as its iterator ends (GeneratorIterable "
-    "counts its epoch after its last item) is not sent from fastq's workers: "
-    "a stateful dataset's state travels with each batch, and the end of a "
-    "lane's pass carries none, so a state saved between epochs of persistent "
-    "workers resumes their copies from the loader's dataset; torchdata's "
-    "workers snapshot it at the end",
-)
 
 
 class raises_freeing:

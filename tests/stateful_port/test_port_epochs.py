@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stateful_support import not_sent_at_end, stream_state  # noqa: E402
+from stateful_support import stream_state  # noqa: E402
 from torch_helpers import stateful_port_data as data  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -183,7 +183,6 @@ def test_multi_epoch_state_inline(StatefulDataLoader: Any) -> None:
     multi_epoch_state(StatefulDataLoader, False, 0)
 
 
-@not_sent_at_end
 @stream_state
 def test_multi_epoch_state_pw(StatefulDataLoader: Any) -> None:
     """test_state_dict.py: TestMultiEpochState_shard0.test_pw"""

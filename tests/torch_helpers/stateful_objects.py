@@ -136,3 +136,33 @@ class PositionIterator(Iterator[tuple[int, int]]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.at = state["at"]
+
+
+class EpochCountingStream(torch.utils.data.IterableDataset[Any]):
+    """A stream that changes its state as its pass ends: each item comes
+    with the epoch the dataset counts, which it advances after its worker's
+    last item; its state is the position in the worker's share of 0..n-1
+    and that epoch."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.at = 0
+        self.resume_at = 0
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        info = torch.utils.data.get_worker_info()
+        wid, count = (0, 1) if info is None else (info.id, info.num_workers)
+        share = list(range(wid, self.n, count))
+        self.at, self.resume_at = self.resume_at, 0
+        while self.at < len(share):
+            self.at += 1
+            yield share[self.at - 1], self.epoch
+        self.at = 0
+        self.epoch += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.resume_at, self.epoch = state["at"], state["epoch"]
