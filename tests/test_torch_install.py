@@ -240,3 +240,37 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def test_a_loader_rebuilt_from_an_adopted_one_keeps_its_decode_options() -> None:
+    """accelerate rebuilds a prepared fastq DataLoader as torch's class over
+    its batch sampler: the fastq loader behind it decodes as the user asked
+    (dtype, memory format, lookahead), not with the defaults."""
+    ds = torch.utils.data.TensorDataset(torch.arange(16))
+    mine = fastq.torch.DataLoader(
+        ds,
+        batch_size=4,
+        num_workers=2,
+        decode_dtype=torch.bfloat16,
+        channels_last=True,
+        decode_lookahead=3,
+    )
+    _install.adopt(mine)
+    try:
+        rebuilt = torch.utils.data.DataLoader(
+            ds, batch_sampler=mine.batch_sampler, num_workers=2
+        )
+        routed, origin = _install._route(rebuilt)
+        assert routed
+        shadow = _install._shadow(rebuilt, origin)
+        assert shadow.decode_dtype is torch.bfloat16
+        assert shadow.channels_last is True
+        assert shadow.decode_lookahead == 3
+        assert [b[0].tolist() for b in rebuilt] == [
+            list(range(k, k + 4)) for k in range(0, 16, 4)
+        ]
+    finally:
+        del mine
+        _install._ADOPTED.clear()
+        if not _install.is_installed():
+            _install._remove_hook()

@@ -217,6 +217,12 @@ def _own_options(loader: DataLoader[Any]) -> dict[str, Any]:
         "max_batch_size": loader.max_batch_size,
         "worker_threads": loader.worker_threads,
         "even_batches": loader.even_batches,
+        # An image dataset's GPU decode (fastq/torch/_image_decode.py): a
+        # loader accelerate rebuilds hands out the dtype and layout asked.
+        "decode_backend": loader.decode_backend,
+        "decode_dtype": loader.decode_dtype,
+        "channels_last": loader.channels_last,
+        "decode_lookahead": loader.decode_lookahead,
     }
 
 
