@@ -8,9 +8,14 @@ costs almost nothing):
 
   prefetcher   the Prefetcher's per-sample path: MapFill.fill, one row
                written per sample (fastq._make._map_fill)
-  dropin       the drop-in's path: DataLoader's fetch and default_collate,
-               stacking into the slot (fastq.torch._worker_side, NOTE
-               [ Stacking with numpy ]), then the batch packed (its record)
+  dropin       the drop-in's path: each sample's rows written into the
+               slot as it is fetched, default_collate's batch made over
+               them (fastq/torch/_row_collate.py, NOTE [ Rows written as
+               fetched ]), then the batch packed (its record)
+  dropin-collate the drop-in's path for samples it cannot write so:
+               DataLoader's fetch, then default_collate stacking into the
+               slot (fastq.torch._worker_side, NOTE [ Stacking with
+               numpy ]), then the batch packed
   dropin-torch the same with torch's own stacking (torch.as_tensor per
                sample, torch.stack into the slot): the path before numpy
                stacked
@@ -40,7 +45,7 @@ from typing import Callable
 import numpy as np
 from callgrind_run import run_steps, step_instructions
 
-VARIANTS = ("prefetcher", "dropin", "dropin-torch")
+VARIANTS = ("prefetcher", "dropin", "dropin-collate", "dropin-torch")
 EPOCH_BATCHES = 16
 
 
@@ -83,6 +88,8 @@ def _setup(shape: str, variant: str) -> Callable[[int], None]:
 
     else:
         source = MapSource(dataset, default_collate, auto_collation=True)
+        if variant != "dropin":
+            source._rows = False  # default_collate, not rows written as fetched
         source.start_worker(info)  # fastq's collate functions in the table
         table = torch_collate.default_collate_fn_map
         # Each step puts its own collate functions in torch's table: the
@@ -149,7 +156,7 @@ def main() -> None:
     base = wall["prefetcher"]
     print(f"shape {args.shape}: CPU us per batch, median of {args.blocks} blocks")
     for v, us in wall.items():
-        print(f"  {v:<13} {us:10.1f} us   {us / base:5.2f}x the Prefetcher's")
+        print(f"  {v:<15} {us:10.1f} us   {us / base:5.2f}x the Prefetcher's")
     if not args.callgrind:
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,7 +167,7 @@ def main() -> None:
         base_i = counts["prefetcher"]
         print("instructions per batch (callgrind, 12 batches less 4)")
         for v, n in counts.items():
-            print(f"  {v:<13} {n:14,.0f}   {n / base_i:5.2f}x the Prefetcher's")
+            print(f"  {v:<15} {n:14,.0f}   {n / base_i:5.2f}x the Prefetcher's")
 
 
 if __name__ == "__main__":

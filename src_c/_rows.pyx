@@ -24,6 +24,8 @@ from libc.string cimport memcmp, memcpy
 
 import numpy as np
 
+from ..errors import SpecError
+
 cdef extern from "Python.h":
     object PyObject_CallOneArg(object func, object arg)
 
@@ -205,6 +207,51 @@ cdef class RowWriter:
             memcpy(&v, at + j * step, sizeof(v))
             self.row = j
             self._write_sample(j, PyObject_CallOneArg(get, PyLong_FromLongLong(v)), views)
+
+    def write_exact(self, get, list keys, list views, list kept, tuple leaf_types):
+        """Row j of each field array in `views` = leaf of get(keys[j]), each
+        sample appended to `kept`, while every leaf is of its field's type
+        in `leaf_types` exactly and is copied as it is (no conversion):
+        the rows written, len(keys) unless sample `kept[-1]` did not fit
+        (its row and those after it are then not written). What a caller
+        that must reproduce another collate bit for bit writes with: a
+        sample that would need a conversion is left to that collate."""
+        cdef Py_ssize_t j, n = len(keys)
+        if len(leaf_types) != self.nfields:
+            raise ValueError(f"{len(leaf_types)} leaf types for {self.nfields} fields")
+        self._check_rows(views, n)
+        for j in range(n):
+            self.row = j
+            sample = PyObject_CallOneArg(get, keys[j])
+            kept.append(sample)
+            if not self._write_exact(j, sample, leaf_types):
+                return j
+        return n
+
+    cdef bint _write_exact(self, Py_ssize_t j, object sample, tuple leaf_types) except -1:
+        cdef Py_ssize_t i, nf = self.nfields
+        cdef object leaves
+        if self.single:
+            return self._put_exact(0, j, sample, leaf_types)
+        if self.flat and (type(sample) is tuple or type(sample) is list):
+            if len(sample) != nf:
+                return False
+            leaves = sample
+        else:
+            try:
+                leaves = self.spec.flatten(sample, "a sample")
+            except SpecError:
+                return False
+        for i in range(nf):
+            if not self._put_exact(i, j, leaves[i], leaf_types):
+                return False
+        return True
+
+    cdef inline bint _put_exact(self, Py_ssize_t i, Py_ssize_t j, object leaf,
+                                tuple leaf_types) noexcept:
+        if self.jagged[i] or type(leaf) is not <object>PyTuple_GET_ITEM(leaf_types, i):
+            return False
+        return self._put_fast(i, self.dst[i] + j * self.stride[i], leaf)
 
     def write_stream(self, it, Py_ssize_t first, Py_ssize_t rows, list views):
         """Rows first.. of each field array in `views` = leaves of next(it),

@@ -23,6 +23,14 @@ class RowWriter:
         indices: np.ndarray[Any, Any],
         views: list[np.ndarray[Any, Any]],
     ) -> None: ...
+    def write_exact(
+        self,
+        get: Callable[[Any], Any],
+        keys: list[Any],
+        views: list[np.ndarray[Any, Any]],
+        kept: list[Any],
+        leaf_types: tuple[type, ...],
+    ) -> int: ...
     def write_stream(
         self,
         it: Iterator[Any],

@@ -20,6 +20,7 @@ import torch.utils.data._utils.worker as torch_worker
 from .._layout._packing import NDARRAY, Arena, Codec, LeafKind
 from .._layout._rows import stack_rows
 from .._make._worker_info import WorkerInfo
+from ._row_collate import RowCollate
 from ._user_state import is_stateful
 
 # --------------------------------------------------------------- tensors
@@ -276,6 +277,20 @@ class MapSource(_TorchSource):
         self.carry_state = carry_state
         self._states = states
         self._worker = -1
+        # NOTE [ Rows written as fetched ] (fastq/torch/_row_collate.py):
+        # None until this worker's first batch into a slot says whether its
+        # samples can be written as they are fetched; False for good.
+        self._rows: RowCollate | bool | None = (
+            None
+            if auto_collation and collate_fn is torch_collate.default_collate
+            else False
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if state["_rows"] is not False:
+            state["_rows"] = None  # each worker learns its own
+        return state
 
     def start_worker(self, info: WorkerInfo) -> None:
         super().start_worker(info)
@@ -308,15 +323,40 @@ class MapSource(_TorchSource):
             self.position = -1
             return self.collate_fn(sample)
         getitems = getattr(dataset, "__getitems__", None)
+        arena = _arena
+        rows = self._rows
         if getitems is not None:
             data = getitems(list(indices))
+            if isinstance(rows, RowCollate) and arena is not None:
+                batch, _ = rows.make(data.__getitem__, list(range(len(data))), arena)
+                if batch is not None:
+                    return batch
+        elif isinstance(rows, RowCollate) and arena is not None:
+            keys = indices if type(indices) is list else list(indices)
+            try:
+                batch, data = rows.make(dataset.__getitem__, keys, arena)
+            except BaseException:
+                self.position = rows.row
+                raise
+            if batch is not None:
+                return batch
+            self._fetch(keys, data)
         else:
             data = []
-            for pos, index in enumerate(indices):
-                self.position = pos
-                data.append(dataset[index])
-            self.position = -1
+            self._fetch(indices, data)
+        if rows is None and arena is not None:
+            collated = self.collate_fn(data)
+            self._rows = RowCollate.learn(data, collated) or False
+            return collated
         return self.collate_fn(data)
+
+    def _fetch(self, indices: Sequence[Any], data: list[Any]) -> None:
+        """The samples of indices past those already in `data`."""
+        dataset = self.dataset
+        for pos in range(len(data), len(indices)):
+            self.position = pos
+            data.append(dataset[indices[pos]])
+        self.position = -1
 
     def __call__(self) -> Iterator[Any]:
         raise TypeError("a map-style source's batches are planned")
