@@ -1,8 +1,8 @@
 """Builds the compiled modules from src_c/: fastq._core._ring (the ring, and the
 consumer's batch views over its slots), fastq._layout._rows (the producer's copies
 into slots), fastq._core._mapping (a shared mapping at an address aligned to a
-huge page) and fastq._make._seeding (the per-batch seeds of a worker's global
-generators)."""
+huge page), fastq._make._seeding (the per-batch seeds of a worker's global
+generators) and fastq._workers._records (the read path of shared records)."""
 
 import numpy
 from Cython.Build import cythonize
@@ -47,9 +47,15 @@ seeding = Extension(
     extra_compile_args=CFLAGS,
 )
 
+records = Extension(
+    "fastq._workers._records",
+    sources=["src_c/_records.pyx"],
+    extra_compile_args=CFLAGS,
+)
+
 setup(
     ext_modules=cythonize(
-        [ring, rows, mapping, seeding],
+        [ring, rows, mapping, seeding, records],
         include_path=["src_c"],
         compiler_directives={"language_level": "3", "embedsignature": True},
     ),

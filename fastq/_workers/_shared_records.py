@@ -4,14 +4,15 @@ read without copying it: NOTE [ Records in shared memory ]."""
 from __future__ import annotations
 
 import io
-import operator
 import pickle
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, overload
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError
+from ._records import ENCODED, FIRST_KEY_SET, KEY_SETS, PICKLED, Encoder, RecordReader
 from ._shared_arrays import shared_bytes
 
 # NOTE [ Records in shared memory ]
@@ -19,74 +20,66 @@ from ._shared_arrays import shared_bytes
 # Reading a Python object writes its reference count, so a forked worker
 # that reads a list of a million dicts copies every page they lie on: the
 # list exists once per worker by the end of an epoch. Here each record is
-# pickled on its own, the pickles lie end to end in one memfd, and an array
-# of offsets (in a second) says where each one starts and ends; a read
-# unpickles one record, a new object the worker owns and drops. Nothing a
-# worker reads is a Python object, so nothing it reads is written, and the
-# pages stay shared, whatever the start method: both buffers are shared
-# arrays (fastq/_workers/_shared_arrays.py), inherited by a forked worker
-# and mapped by a spawned one, with their lifetime.
+# stored on its own, end to end in one memfd, and an array of offsets (in
+# a second) says where each one starts and ends; a read decodes one
+# record, a new object the worker owns and drops. Nothing a worker reads
+# is a Python object, so nothing it reads is written, and the pages stay
+# shared, whatever the start method: both buffers are shared arrays
+# (fastq/_workers/_shared_arrays.py), inherited by a forked worker and
+# mapped by a spawned one, with their lifetime.
 #
-# Chosen by measurement (benchmarks/shared_records_memory.py and
-# benchmarks/records_fork_model.py; docs/performance.md): unpickling a
-# record is the whole cost of a read (the offsets and the slice add about
-# 0.1 us); marshal reads 15 to 25% faster but turns a numpy scalar or a
-# bytearray into bytes without a word; an Arrow table read a row at a time
-# is 10 to 70 times slower, and holds flat records only; gc.freeze() before
-# the fork leaves the reference counts written, and no CPython (3.12's
-# immortal objects included) makes a dict immortal on request.
+# A record's first byte says how the rest is read (src_c/_records.pyx):
+# - a plain record (None, bools, ints, floats, complex numbers, strings,
+#   bytes, and lists, tuples, dicts, sets and frozensets of them, each
+#   exactly of its type, at most 100 deep) in a compact encoding of its
+#   own: the common values laid out as C reads them, the rarer ones (an
+#   int past 64 bits, a complex, a set) marshalled in place;
+# - a dict whose keys are all exactly strings, by its values alone, in
+#   the same encoding, after the number of its key set: the store keeps
+#   each key set once (up to 254 of them; a dict of another set, or of the
+#   same keys in another order, has its own), interned, and a read builds
+#   the dict from them in their order;
+# - anything else, pickled (a numpy scalar, a bytearray, an int or a dict
+#   subclass: what marshal or the encoding would turn into its base type),
+#   so that every record reads back equal and of the types it had.
+# The compiled reader takes record i's offsets from the int64 arrays and
+# decodes from a pointer into the buffer, without a Python frame, a slice
+# or a bytes object in between.
+#
+# Chosen by measurement (benchmarks/shared_records_memory.py, read section:
+# 1,000,000 COCO-style dicts read in a shuffled order, in one process;
+# instructions a read counted by callgrind; docs/performance.md): each
+# record pickled and read with pickle.loads on a memoryview slice cost 4.0
+# times a list's read (1,539 ns to 385); the compiled reader over marshal
+# 1.8 times, over marshal without its back-references 1.6 to 2.2 (6,040
+# instructions a read, loop included); the encoding here 1.5 to 1.6 times
+# (625 ns to 426; 4,796 instructions, the list's read 1,117), and 0.7
+# times with every field read (the interned keys make a lookup by a
+# literal a pointer comparison). Half of what is left is building the
+# dict: copying a dict of the keys and replacing its values measured no
+# cheaper. A forked worker's reads write the reference counts of the
+# key strings (a few pages, the same in every worker, interned ones
+# immortal from 3.12); nothing else they read is an object. An Arrow
+# table read a row at a time is 10 to 70 times slower, and holds flat
+# records only; gc.freeze() before the fork leaves the reference counts
+# written, and no CPython (3.12's immortal objects included) makes a dict
+# immortal on request.
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+_TAGS = [bytes((tag,)) for tag in range(256)]
 
 
-class SharedRecords(Sequence[Any]):
+class SharedRecords(RecordReader, Sequence[Any]):
     """Records in shared memory, read back one at a time: made by
-    ``fastq.shared_records``, whose docstring is the user's."""
+    ``fastq.shared_records``, whose docstring is the user's. Reading,
+    ``len`` and slicing are the compiled RecordReader's."""
 
-    __slots__ = ("_bytes", "_data", "_end_at", "_ends", "_start_at", "_starts")
-
-    def __init__(self, data: Any, starts: Any, ends: Any) -> None:
-        # The arrays keep the shared memory alive; the memoryviews are the
-        # read path (indexing one gives a Python int, a numpy array a
-        # numpy scalar, about twice as slow).
-        self._data = data
-        self._starts = starts
-        self._ends = ends
-        self._bytes = memoryview(data)
-        self._start_at = memoryview(starts)
-        self._end_at = memoryview(ends)
-
-    def __len__(self) -> int:
-        return len(self._start_at)
-
-    @overload
-    def __getitem__(self, index: int) -> Any: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> SharedRecords: ...
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return SharedRecords(self._data, self._starts[index], self._ends[index])
-        try:
-            start, end = self._start_at[index], self._end_at[index]
-        except IndexError:
-            raise IndexError(
-                f"record index {index} out of range for {len(self)} records"
-            ) from None
-        except TypeError:
-            return self[operator.index(index)]  # or its TypeError
-        return pickle.loads(self._bytes[start:end])
-
-    def __iter__(self) -> Iterator[Any]:
-        data, loads = self._bytes, pickle.loads
-        for start, end in zip(self._start_at, self._end_at):
-            yield loads(data[start:end])
+    __slots__ = ()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The arrays travel as shared arrays do: a spawned worker of fastq's
         # maps them; plain pickle copies them.
-        return (SharedRecords, (self._data, self._starts, self._ends))
+        return (_rebuilt, (self._data, self._starts, self._ends, self._key_sets))
 
     @property
     def nbytes(self) -> int:
@@ -99,6 +92,16 @@ class SharedRecords(Sequence[Any]):
             f"<fastq.shared_records: {len(self)} records, "
             f"{self.nbytes / (1 << 20):.1f} MiB shared>"
         )
+
+
+def _rebuilt(
+    data: Any, starts: Any, ends: Any, key_sets: tuple[tuple[str, ...], ...]
+) -> SharedRecords:
+    # Unpickled keys are new strings: interned again, a dict built here
+    # holds the same key objects as the worker's own code (whose literals
+    # are interned), and a lookup by one of them is a pointer comparison.
+    key_sets = tuple(tuple(sys.intern(key) for key in keys) for keys in key_sets)
+    return SharedRecords(data, starts, ends, key_sets)
 
 
 def shared_records(records: Iterable[Any]) -> SharedRecords:
@@ -144,16 +147,16 @@ def shared_records(records: Iterable[Any]) -> SharedRecords:
     ...         with open(path) as f:
     ...             self.records = fastq.shared_records(json.load(f))
     """
-    pickler = _RecordPickler()
+    writer = _RecordWriter()
     offsets = [0]
     for i, record in enumerate(records):
-        pickler.store(i, record)
-        offsets.append(pickler.size)
-    data = shared_bytes(pickler.buffer(), "fastq-shared-records")
+        writer.store(i, record)
+        offsets.append(writer.size)
+    data = shared_bytes(writer.buffer(), "fastq-shared-records")
     bounds = shared_bytes(
         np.asarray(offsets, dtype=np.int64).view(np.uint8), "fastq-record-offsets"
     ).view(np.int64)
-    return SharedRecords(data, bounds[:-1], bounds[1:])
+    return SharedRecords(data, bounds[:-1], bounds[1:], tuple(writer.key_sets))
 
 
 def _mapped_bytes(arr: np.ndarray[Any, Any]) -> int:
@@ -163,18 +166,58 @@ def _mapped_bytes(arr: np.ndarray[Any, Any]) -> int:
     return len(base) if not isinstance(base, np.ndarray) else int(base.nbytes)
 
 
-class _RecordPickler(pickle.Pickler):
-    """Pickles records end to end in one buffer, each loadable on its own,
-    and names what a record that cannot be pickled holds."""
+class _RecordWriter:
+    """Writes records end to end in one buffer, each after the tag that
+    says how to read it (NOTE [ Records in shared memory ])."""
 
     def __init__(self) -> None:
         self._file = io.BytesIO()
-        super().__init__(self._file, _PROTOCOL)
+        self._pickler = _RecordPickler(self._file)
+        self._encoder = Encoder()
+        self.key_sets: list[tuple[str, ...]] = []
+        self._key_set_of: dict[tuple[str, ...], int] = {}
+        self.size = 0
+
+    def store(self, index: int, record: Any) -> None:
+        write = self._file.write
+        values = self._encoder.values(record) if type(record) is dict else None
+        tag = None if values is None else self._key_set_tag(record)
+        if tag is not None:
+            write(_TAGS[tag])
+            write(values)
+        elif (plain := self._encoder.plain(record)) is not None:
+            write(_TAGS[ENCODED])
+            write(plain)
+        else:
+            write(_TAGS[PICKLED])
+            self._pickler.store(index, record)
+        self.size = self._file.tell()
+
+    def _key_set_tag(self, record: dict[str, Any]) -> int | None:
+        keys = tuple(record)  # exactly str: equal keys are the same keys
+        number = self._key_set_of.get(keys)
+        if number is None:
+            if len(self.key_sets) == KEY_SETS:
+                return None  # a store of many shapes: the rest go whole
+            number = len(self.key_sets)
+            self.key_sets.append(tuple(sys.intern(key) for key in keys))
+            self._key_set_of[keys] = number
+        return FIRST_KEY_SET + number
+
+    def buffer(self) -> np.ndarray[Any, Any]:
+        return np.frombuffer(self._file.getbuffer(), dtype=np.uint8)
+
+
+class _RecordPickler(pickle.Pickler):
+    """Pickles records each loadable on its own, and names what a record
+    that cannot be pickled holds."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, _PROTOCOL)
         # The last object pickle could not handle as a builtin: the one at
         # fault when pickling fails. reducer_override is never called for
         # builtin values and containers, so this costs plain records nothing.
         self._last: Any = None
-        self.size = 0
 
     def reducer_override(self, obj: Any) -> Any:
         self._last = obj
@@ -189,10 +232,6 @@ class _RecordPickler(pickle.Pickler):
         except RecursionError as exc:
             raise ConfigError(_cannot_store(index, record, None, exc)) from exc
         self.clear_memo()  # each record loads on its own
-        self.size = self._file.tell()
-
-    def buffer(self) -> np.ndarray[Any, Any]:
-        return np.frombuffer(self._file.getbuffer(), dtype=np.uint8)
 
 
 def _cannot_store(index: int, record: Any, culprit: Any, exc: BaseException) -> str:
