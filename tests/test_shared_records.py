@@ -5,7 +5,10 @@ a large list of Python objects a dataset holds."""
 
 from __future__ import annotations
 
+import collections
+import enum
 import gc
+import math
 import os
 import pickle
 import threading
@@ -61,6 +64,131 @@ def test_values_round_trip_exactly_with_their_types() -> None:
         records[-N - 1]
     with pytest.raises(TypeError):
         records[1.0]  # type: ignore[call-overload]
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+
+
+class Name(str):
+    pass
+
+
+def every_kind() -> list[Any]:
+    """Records of each type a store keeps, plain or not (what a compact
+    encoding or marshal would turn into its base type is here)."""
+    surrogate = "\udc80"
+    return [
+        None,
+        True,
+        0,
+        (1 << 63) - 1,
+        -(1 << 63),
+        1 << 63,
+        -(1 << 200),
+        1.5,
+        float("nan"),
+        -0.0,
+        float("inf"),
+        2 - 3j,
+        "",
+        "plain ascii",
+        "é€😀" + surrogate,
+        b"\x00\xff",
+        [],
+        (),
+        {},
+        set(),
+        frozenset(),
+        [1, [2, (3, {"x": [4.0, None]})], {5, "six", (7, 8.5)}],
+        {"set": {1, 2}, "frozen": frozenset({"a", (1, 2)}), "c": 1j},
+        {"level": Level.LOW, "flag": True, "n": 1},
+        [Name("sub"), "str"],
+        {Name("key"): 1},
+        bytearray(b"abc"),
+        {"buffer": bytearray(b"xy"), "view": [np.int64(3), np.float32(0.5)]},
+        np.float64(2.5),
+        {"array": np.arange(3, dtype=np.int16)},
+        collections.OrderedDict(a=1),
+        collections.defaultdict(list, a=[1]),
+    ]
+
+
+def same(got: Any, want: Any) -> bool:
+    """Equal, and of the same type at every level (NaN equal to NaN, -0.0
+    not equal to 0.0, a dict's keys in the same order)."""
+    if type(got) is not type(want):
+        return False
+    if isinstance(want, float):
+        if math.isnan(want):
+            return math.isnan(got)
+        return bool(got == want) and math.copysign(1, got) == math.copysign(1, want)
+    if isinstance(want, np.ndarray):
+        return got.dtype == want.dtype and np.array_equal(got, want)
+    if isinstance(want, np.generic):
+        return bool(got.dtype == want.dtype and got == want)
+    if isinstance(want, (list, tuple)):
+        return len(got) == len(want) and all(map(same, got, want))
+    if isinstance(want, dict):
+        return same(list(got), list(want)) and same(
+            list(got.values()), list(want.values())
+        )
+    if isinstance(want, (set, frozenset)):
+        return sorted(map(repr, got)) == sorted(map(repr, want)) and got == want
+    return bool(got == want)
+
+
+def test_every_type_reads_back_exactly() -> None:
+    want = every_kind()
+    records = fastq.shared_records(want)
+    for i, record in enumerate(want):
+        assert same(records[i], record), (i, records[i], record)
+    assert [same(got, w) for got, w in zip(records, want)] == [True] * len(want)
+    again = pickle.loads(pickle.dumps(records))
+    assert all(same(again[i], w) for i, w in enumerate(want))
+
+
+def test_dicts_keep_their_own_keys_and_order() -> None:
+    """Dicts of one key set are stored by their values, the keys once: a
+    dict of other keys, of the same keys in another order, or of keys
+    equal to strings' but not strings, keeps its own."""
+    want: list[Any] = [
+        {"a": 1, "b": 2},
+        {"b": 2, "a": 1},
+        {"a": 1},
+        {},
+        {"a": 1, "b": 2, "c": 3},
+        {"a": 3, "b": [4]},
+        {1: "one", 2: "two"},
+        {True: "one", 2: "two"},
+        {1.0: "one", 2: "two"},
+        {"a": 1, 2: "b"},
+        {Name("a"): 1, "b": 2},
+    ]
+    records = fastq.shared_records(want + want)
+    for i, record in enumerate(want + want):
+        assert same(records[i], record), (i, records[i], record)
+    assert records[5] is not records[5] and records[5]["b"] is not records[5]["b"]
+
+
+def test_more_key_sets_than_a_tag_names() -> None:
+    want = [{f"key{i}": i, "value": str(i)} for i in range(600)]
+    records = fastq.shared_records(want + want[::-1])
+    assert all(same(got, w) for got, w in zip(records, want + want[::-1]))
+
+
+def test_a_record_too_deep_or_holding_itself_reads_back() -> None:
+    deep: list[Any] = [0]
+    for _ in range(300):
+        deep = [deep]
+    itself: list[Any] = [1]
+    itself.append(itself)
+    records = fastq.shared_records([deep, itself, {"x": itself}])
+    assert records[0] == deep
+    got = records[1]
+    assert got[0] == 1 and got[1] is got
+    held = records[2]["x"]
+    assert held[1] is held
 
 
 @pytest.mark.parametrize(
