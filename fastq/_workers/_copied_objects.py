@@ -10,7 +10,7 @@ import sys
 import types
 import warnings
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,15 @@ from ._shared_records import SharedRecords
 # at most _MAX_VISITS objects, never into a container of _SAMPLED_FROM items
 # or more; such a container is sized from _SAMPLE of its items, each
 # measured to a bounded depth. It warns from WARN_AT_BYTES.
+#
+# What a dataset says its workers never read is left out: fastq.vision's
+# datasets keep ``samples`` as torchvision's list for the user and give
+# their workers a copy in shared memory, made as they start
+# (``_fastq_before_workers``, fastq/_workers/_before_workers.py), so they
+# name ``samples``, ``imgs`` and ``targets`` (NOTE [ Samples the workers
+# do not copy ] in fastq/vision/_shared_samples.py). Nothing is left out
+# for a subclass that overrides their ``__getitem__``, which may read the
+# list, nor where the store could not be made.
 #
 # fastq does not convert such a container itself, though it could before
 # the fork. A shared record is a new copy at every read, so a dataset that
@@ -73,11 +82,16 @@ class Copied:
         self.is_dict = isinstance(obj, dict)
 
 
-def warn_of_copied_objects(objs: dict[str, Any], start_method: str) -> None:
+def warn_of_copied_objects(
+    objs: dict[str, Any],
+    start_method: str,
+    unread: Mapping[int, Collection[str]] | None = None,
+) -> None:
     """Warns (CopiedDataWarning) once for each large container of Python
-    objects that ``objs`` (name -> the user's object) hold."""
+    objects that ``objs`` (name -> the user's object) hold; ``unread``:
+    id(object) -> its attributes that workers never read, left out."""
     try:
-        found_all = copied_objects(objs)
+        found_all = copied_objects(objs, unread)
     except Exception:  # a user's container whose len() or items fail
         return  # advice only: never what stops workers from starting
     for found in found_all:
@@ -92,9 +106,13 @@ def warn_of_copied_objects(objs: dict[str, Any], start_method: str) -> None:
         )
 
 
-def copied_objects(objs: dict[str, Any]) -> list[Copied]:
+def copied_objects(
+    objs: dict[str, Any], unread: Mapping[int, Collection[str]] | None = None
+) -> list[Copied]:
     """The large containers of Python objects ``objs`` hold, by the path to
-    each (NOTE [ Containers that workers copy ])."""
+    each, but for the attributes ``unread`` names (id(object) -> names):
+    NOTE [ Containers that workers copy ]."""
+    unread = unread or {}
     queue: deque[tuple[Any, str]] = deque()
     for name, root in objs.items():
         if _transparent(root):
@@ -115,10 +133,11 @@ def copied_objects(objs: dict[str, Any]) -> list[Copied]:
             if nbytes >= WARN_AT_BYTES:
                 found.append(Copied(path, obj, nbytes))
             continue
+        skipped = {"." + name for name in unread.get(id(obj), ())}
         queue.extend(
             (child, path + step)
             for step, child in _children(obj)
-            if not isinstance(child, _ATOMS)
+            if not isinstance(child, _ATOMS) and step not in skipped
         )
     return found
 

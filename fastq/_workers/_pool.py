@@ -26,6 +26,7 @@ from ..errors import (
     SharedMemoryError,
     WorkerDied,
 )
+from ._before_workers import before_workers_start
 from ._config import WorkerConfig
 from ._copied_objects import warn_of_copied_objects
 from ._death_watch import MAIN_REIMPORTED_EXIT, DeathWatch, main_reimported
@@ -227,10 +228,9 @@ class WorkerPool:
                 for c in configs
             )
             if not threads:
-                warn_of_copied_objects(
-                    {"source": first.source, "worker_init": first.worker_init},
-                    self._method,
-                )
+                objs = {"source": first.source, "worker_init": first.worker_init}
+                unread = before_workers_start(objs)
+                warn_of_copied_objects(objs, self._method, unread)
                 self._handoff = handoff_for_workers((first.source, first.worker_init))
             for cfg in configs:
                 cfg.handoff = self._handoff

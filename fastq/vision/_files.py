@@ -18,9 +18,10 @@ from ..errors import ConfigError, ImageError
 from ._decode import decode_error, decode_on_cpu, load_rgb
 from ._header import image_header
 from ._plan import DecodePlan, Unreadable, read_transform
+from ._shared_samples import SharedSamples
 
 
-class ImageFiles:
+class ImageFiles(SharedSamples):
     """Images from a list of ``(path, label)``, as torchvision's ImageFolder
     gives them, or encoded for a GPU to decode.
 
@@ -41,6 +42,14 @@ class ImageFiles:
     ``epoch`` (``set_epoch``). Any other transform leaves the dataset a
     plain ImageFolder (Pillow decode, then the transform), with one
     warning naming the transform that stopped it.
+
+    ``samples``, ``imgs`` and ``targets`` are torchvision's lists, to read,
+    change or replace before iterating. fastq's worker processes read each
+    (path, label) from a copy of ``samples`` in shared memory, made as they
+    start (again only if the list changed since), so that no worker copies
+    the list: NOTE [ Samples the workers do not copy ] in
+    fastq/vision/_shared_samples.py. A subclass that overrides
+    ``__getitem__`` keeps the list alone.
 
     Parameters
     ----------
@@ -101,7 +110,10 @@ class ImageFiles:
         return None
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return self._sample_count()
+
+    def _reads_records(self) -> bool:
+        return type(self).__getitem__ is ImageFiles.__getitem__
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose boxes and flips samples get outside fastq workers
@@ -188,8 +200,8 @@ class ImageFiles:
     def __getitem__(self, index: int) -> Any:
         index = int(index)
         if index < 0:  # the crop is the positive index's
-            index += len(self.samples)
-        path, label = self.samples[index]
+            index += len(self)
+        path, label = self._sample(index)
         if self.target_transform is not None:
             label = self.target_transform(label)
         plan = self.decode_plan
