@@ -51,7 +51,10 @@ def before_workers_start(objs: dict[str, Any]) -> dict[int, frozenset[str]]:
             unread[id(obj)] = frozenset(hook(obj, shared_records))
         if _too_large_to_look_into(obj):
             continue
-        queue.extend(child for _, child in _children(obj))
+        try:
+            queue.extend(child for _, child in _children(obj))
+        except Exception:  # a user's object whose attributes or items fail
+            continue  # what it holds is not looked into: never what stops a start
     return unread
 
 
