@@ -89,7 +89,10 @@ _arena: Arena | None = None
 
 # NOTE [ Stacking with numpy ]
 #
-# A batch of same-shaped CPU samples is stacked into its slot row by row by
+# Where default_collate runs (a user's collate_fn that calls it, samples
+# whose rows are not written as they are fetched: NOTE [ Rows written as
+# fetched ] in fastq/torch/_row_collate.py), a batch of same-shaped CPU
+# samples is stacked into its slot row by row by
 # fastq's own copy (stack_rows, src_c/_rows.pyx), as the Prefetcher's
 # per-sample path writes its rows: a large batch's rows in non-temporal
 # stores, which spare the read of every destination line and the caches
