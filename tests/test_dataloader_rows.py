@@ -195,3 +195,27 @@ def test_a_failing_sample_is_named_as_before() -> None:
     with pytest.raises(KeyError, match="batch 5, sample 27"):
         for _ in loader:
             pass
+
+
+class RowsOfAnArray:
+    """__getitems__ returns the batch as one array of rows, which
+    default_collate takes as it takes a list of them."""
+
+    def __init__(self) -> None:
+        self.data = np.arange(30 * 4, dtype=np.float32).reshape(30, 4) / 7
+
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, i: int) -> Any:
+        return self.data[i]
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        return self.data[indices]
+
+
+def test_an_array_from_getitems_is_default_collates() -> None:
+    want = [_cloned(b) for b in TorchLoader(RowsOfAnArray(), batch_size=4)]
+    loader = DataLoader(RowsOfAnArray(), batch_size=4, num_workers=2, timeout=60)
+    assert_same([_cloned(b) for b in loader], want)
+

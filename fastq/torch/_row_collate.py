@@ -55,7 +55,9 @@ class RowCollate:
         """A RowCollate for batches of samples laid out as `samples`, whose
         default_collate is `collated`, or None where it would not make the
         same batch."""
-        if not samples:
+        # A batch of samples, as a list or tuple; __getitems__ may return
+        # anything default_collate takes, an array of rows among them.
+        if type(samples) not in (list, tuple) or not samples:
             return None
         first = samples[0]
         try:

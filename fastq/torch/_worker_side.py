@@ -330,7 +330,11 @@ class MapSource(_TorchSource):
         rows = self._rows
         if getitems is not None:
             data = getitems(list(indices))
-            if isinstance(rows, RowCollate) and arena is not None:
+            if (
+                isinstance(rows, RowCollate)
+                and arena is not None
+                and type(data) in (list, tuple)
+            ):
                 batch, _ = rows.make(data.__getitem__, list(range(len(data))), arena)
                 if batch is not None:
                     return batch
