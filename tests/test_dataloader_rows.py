@@ -219,3 +219,15 @@ def test_an_array_from_getitems_is_default_collates() -> None:
     loader = DataLoader(RowsOfAnArray(), batch_size=4, num_workers=2, timeout=60)
     assert_same([_cloned(b) for b in loader], want)
 
+
+class RowsOfATensor(RowsOfAnArray):
+    def __getitems__(self, indices: list[int]) -> Any:
+        return torch.from_numpy(self.data[indices])
+
+
+def test_a_tensor_from_getitems_gets_torchs_error() -> None:
+    with pytest.raises(TypeError):
+        next(iter(TorchLoader(RowsOfATensor(), batch_size=4)))
+    loader = DataLoader(RowsOfATensor(), batch_size=4, num_workers=1, timeout=60)
+    with pytest.raises(TypeError, match="must be tuple of Tensors"):
+        next(iter(loader))

@@ -149,7 +149,13 @@ def _stack_into_slot(
     (or, without room or outside a slot, into fresh memory; never into the
     shared memory DataLoader's workers allocate per batch)."""
     elem = batch[0]
-    if elem.is_nested or elem.layout != torch.strided:
+    # torch.stack takes a list or tuple: a batch that is one tensor (from
+    # __getitems__) gets torch's error, not a stack of its rows.
+    if (
+        type(batch) not in (list, tuple)
+        or elem.is_nested
+        or elem.layout != torch.strided
+    ):
         out: torch.Tensor = torch_collate.collate_tensor_fn(
             batch, collate_fn_map=collate_fn_map
         )
