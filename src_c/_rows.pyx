@@ -16,10 +16,11 @@ once per batch, so a sample costs its call, its checks and its copies.
 cimport numpy as cnp
 from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
 from cpython.object cimport Py_TYPE, PyObject, PyTypeObject
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uintptr_t
+from libc.stdlib cimport qsort
 from libc.string cimport memcmp, memcpy
 
 import numpy as np
@@ -97,8 +98,13 @@ cdef class RowWriter:
     # call, resolved once per batch (the arrays live in the caller's list).
     cdef char **dst
     cdef Py_ssize_t *stride
+    # write_exact's record of where each sample's array leaves lay, field
+    # by field (0: not an array), for the call's `seen_rows` samples.
+    cdef uintptr_t *seen
+    cdef Py_ssize_t seen_rows
 
     def __cinit__(self):
+        self.seen = NULL
         self.ndim = NULL
         self.dims = NULL
         self.row_bytes = NULL
@@ -213,20 +219,33 @@ cdef class RowWriter:
         sample appended to `kept`, while every leaf is of its field's type
         in `leaf_types` exactly and is copied as it is (no conversion):
         the rows written, len(keys) unless sample `kept[-1]` did not fit
-        (its row and those after it are then not written). What a caller
+        (its row and those after it are then not written); -1 with every
+        row written, where two samples' arrays of one field lay at one
+        address (a buffer the dataset reuses). What a caller
         that must reproduce another collate bit for bit writes with: a
         sample that would need a conversion is left to that collate."""
         cdef Py_ssize_t j, n = len(keys)
         if len(leaf_types) != self.nfields:
             raise ValueError(f"{len(leaf_types)} leaf types for {self.nfields} fields")
         self._check_rows(views, n)
-        for j in range(n):
-            self.row = j
-            sample = PyObject_CallOneArg(get, keys[j])
-            kept.append(sample)
-            if not self._write_exact(j, sample, leaf_types):
-                return j
-        return n
+        # Where each array leaf's bytes lay: a buffer the dataset hands out
+        # again and again (the same array, or a view of it) would be
+        # stacked by that collate as its last contents, every time.
+        self.seen = <uintptr_t *>PyMem_Calloc(max(1, n * self.nfields), sizeof(uintptr_t))
+        if self.seen == NULL:
+            raise MemoryError()
+        self.seen_rows = n
+        try:
+            for j in range(n):
+                self.row = j
+                sample = PyObject_CallOneArg(get, keys[j])
+                kept.append(sample)
+                if not self._write_exact(j, sample, leaf_types):
+                    return j
+            return -1 if self._buffer_repeats(n) else n
+        finally:
+            PyMem_Free(self.seen)
+            self.seen = NULL
 
     cdef bint _write_exact(self, Py_ssize_t j, object sample, tuple leaf_types) except -1:
         cdef Py_ssize_t i, nf = self.nfields
@@ -251,7 +270,22 @@ cdef class RowWriter:
                                 tuple leaf_types) noexcept:
         if self.jagged[i] or type(leaf) is not <object>PyTuple_GET_ITEM(leaf_types, i):
             return False
+        if cnp.PyArray_CheckExact(leaf):
+            self.seen[i * self.seen_rows + j] = <uintptr_t>cnp.PyArray_DATA(<cnp.ndarray>leaf)
         return self._put_fast(i, self.dst[i] + j * self.stride[i], leaf)
+
+    cdef bint _buffer_repeats(self, Py_ssize_t n) noexcept:
+        """Whether two samples' array leaves of one field lay at the same
+        address."""
+        cdef Py_ssize_t i, j
+        cdef uintptr_t *at
+        for i in range(self.nfields):
+            at = self.seen + i * n
+            qsort(at, n, sizeof(uintptr_t), _by_address)
+            for j in range(1, n):
+                if at[j] != 0 and at[j] == at[j - 1]:
+                    return True
+        return False
 
     def write_stream(self, it, Py_ssize_t first, Py_ssize_t rows, list views):
         """Rows first.. of each field array in `views` = leaves of next(it),
@@ -394,6 +428,11 @@ cdef class RowWriter:
                             return 0
         self.spec.put_jagged(i, j, leaf, out)
         return 0
+
+
+cdef int _by_address(const void *a, const void *b) noexcept nogil:
+    cdef uintptr_t x = (<const uintptr_t *>a)[0], y = (<const uintptr_t *>b)[0]
+    return (x > y) - (x < y)
 
 
 cdef ScalarKind _scalar_kind(tuple shape, object dtype):

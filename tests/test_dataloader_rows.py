@@ -231,3 +231,36 @@ def test_a_tensor_from_getitems_gets_torchs_error() -> None:
     loader = DataLoader(RowsOfATensor(), batch_size=4, num_workers=1, timeout=60)
     with pytest.raises(TypeError, match="must be tuple of Tensors"):
         next(iter(loader))
+
+
+class Refilled:
+    """One buffer refilled for every sample (or a ring of two): torch's
+    default_collate stacks its last contents in every row."""
+
+    def __init__(self, ring: int) -> None:
+        self.buffers = [np.zeros((2, 3), np.int32) for _ in range(ring)]
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int) -> Any:
+        buf = self.buffers[i % len(self.buffers)]
+        buf[:] = i
+        return buf[:], np.int64(i)
+
+
+@pytest.mark.parametrize("ring", [1, 2])
+def test_a_refilled_buffer_gives_default_collates_rows(ring: int) -> None:
+    want = [
+        _cloned(b) for b in TorchLoader(Refilled(ring), batch_size=4, num_workers=2)
+    ]
+    loader = DataLoader(Refilled(ring), batch_size=4, num_workers=2)
+    assert_same([_cloned(b) for b in loader], want)
+    assert int(want[1][0][0, 0, 0]) == 7 - (ring - 1)  # torch's, not row 0's 4
+
+
+def test_a_sample_drawn_twice_keeps_its_contents() -> None:
+    sampler = [[0, 3, 3, 5], [7, 7, 7, 1], [2, 2, 9, 9]] * 3
+    want = [_cloned(b) for b in TorchLoader(Samples("pair"), batch_sampler=sampler)]
+    loader = DataLoader(Samples("pair"), batch_sampler=sampler, num_workers=2)
+    assert_same([_cloned(b) for b in loader], want)

@@ -35,7 +35,11 @@ from ..errors import SpecError
 # sample that does not fit as it is (another type, shape or dtype, an int
 # past int64, a first sample whose containers differ) hands the batch back
 # to default_collate with the samples fetched so far: no sample is fetched
-# twice, and torch's result, or its error, follows.
+# twice, and torch's result, or its error, follows. So does a batch whose
+# samples' arrays of one field lie at one address: a dataset that hands
+# out one buffer it refills gets from default_collate its last contents in
+# every row, and so it does here (a sampler that draws a sample twice
+# costs that batch the row path, not its contents).
 
 _SCALARS = frozenset("biufc")
 
@@ -79,7 +83,7 @@ class RowCollate:
             done = rows._writer.write_exact(
                 samples.__getitem__, keys, views, kept, leaf_types
             )
-            if done != len(samples):
+            if done not in (len(samples), -1):  # -1: every row, a buffer reused
                 return None
             batch = rows._batch(spec, views, len(samples))
         except (TypeError, ValueError, RuntimeError):  # a dtype torch lacks
