@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
 
 from fastq.torch import DataLoader  # noqa: E402
 from fastq.torch._row_collate import RowCollate  # noqa: E402
+from fastq.torch._worker_side import CODEC  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
@@ -93,7 +94,7 @@ def test_batches_are_default_collates_bit_for_bit(kind: str) -> None:
 
 def test_learns_only_a_layout_default_collate_makes_the_same() -> None:
     samples = [_sample("pair", i) for i in range(4)]
-    assert RowCollate.learn(samples, torch_collate.default_collate(samples))
+    assert RowCollate.learn(samples, torch_collate.default_collate(samples), CODEC)
     # A namedtuple, a string leaf, a tensor leaf: default_collate's own.
     from collections import namedtuple
 
@@ -104,11 +105,11 @@ def test_learns_only_a_layout_default_collate_makes_the_same() -> None:
         [(torch.from_numpy(_image(i)), i) for i in range(4)],
         [(_image(i), True) for i in range(4)],
     ):
-        assert RowCollate.learn(odd, torch_collate.default_collate(odd)) is None
+        assert RowCollate.learn(odd, torch_collate.default_collate(odd), CODEC) is None
     # A collated batch other than the rows': refused, whatever the samples.
     wrong = torch_collate.default_collate(samples)
     wrong[1] = wrong[1].to(torch.int32)
-    assert RowCollate.learn(samples, wrong) is None
+    assert RowCollate.learn(samples, wrong, CODEC) is None
 
 
 class _Counted:

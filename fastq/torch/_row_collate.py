@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .._layout._packing import Arena
+from .._layout._packing import Arena, Codec, record_of
 from .._layout._rows import RowWriter
 from .._layout._spec import BatchSpec
 from ..errors import SpecError
@@ -48,17 +48,28 @@ class RowCollate:
     """Writes batches of one sample layout into a slot's rows and makes
     them default_collate's tensors over those rows."""
 
-    def __init__(self, spec: BatchSpec, leaf_types: tuple[type, ...], containers: Any):
+    def __init__(
+        self,
+        spec: BatchSpec,
+        leaf_types: tuple[type, ...],
+        containers: Any,
+        codec: Codec,
+    ) -> None:
         self.leaf_types = leaf_types
+        self.codec = codec
         self.containers = containers
         self._spec = spec
         self._writer = RowWriter(spec)
+        # The record of the last layout's batches (_know_record).
+        self._records: dict[tuple[Any, int, int], bytes] = {}
 
     @classmethod
-    def learn(cls, samples: Sequence[Any], collated: Any) -> RowCollate | None:
+    def learn(
+        cls, samples: Sequence[Any], collated: Any, codec: Codec
+    ) -> RowCollate | None:
         """A RowCollate for batches of samples laid out as `samples`, whose
-        default_collate is `collated`, or None where it would not make the
-        same batch."""
+        default_collate is `collated`, packed with `codec`, or None where
+        it would not make the same batch."""
         # A batch of samples, as a list or tuple; __getitems__ may return
         # anything default_collate takes, an array of rows among them.
         if type(samples) not in (list, tuple) or not samples:
@@ -74,7 +85,7 @@ class RowCollate:
         leaf_types = tuple(type(x) for x in spec.flatten(first, "a sample"))
         if not all(map(_plain_leaf, leaf_types)):
             return None
-        rows = cls(spec, leaf_types, containers)
+        rows = cls(spec, leaf_types, containers, codec)
         scratch = np.empty(spec.slot_bytes, np.uint8)
         views = spec.views(scratch, spec.rows)
         keys = list(range(len(samples)))
@@ -107,9 +118,25 @@ class RowCollate:
         views = spec.views(arena.slot[off : off + spec.slot_bytes], spec.rows)
         done = self._writer.write_exact(get, keys, views, kept, self.leaf_types)
         if done == n and _containers_of(kept[0]) == self.containers:
-            return self._batch(spec, views, n), kept
+            batch = self._batch(spec, views, n)
+            self._know_record(batch, spec, n, off, arena)
+            return batch, kept
         arena.used = start  # default_collate stacks the batch afresh
         return None, kept
+
+    def _know_record(
+        self, batch: Any, spec: BatchSpec, n: int, off: int, arena: Arena
+    ) -> None:
+        """Hands pack() the batch's record: the same bytes for every batch
+        of n rows laid at `off` by one spec, so pickled once."""
+        key = (spec, n, off)
+        record = self._records.get(key)
+        if record is None:
+            record = bytes(record_of(batch, self.codec, arena))
+            self._records = {key: record}  # the last layout only
+        else:
+            arena.claim(off, spec.slot_bytes)
+        arena.known = (batch, record)
 
     @property
     def row(self) -> int:

@@ -359,7 +359,7 @@ class MapSource(_TorchSource):
             self._fetch(indices, data)
         if rows is None and arena is not None:
             collated = self.collate_fn(data)
-            self._rows = RowCollate.learn(data, collated) or False
+            self._rows = RowCollate.learn(data, collated, CODEC) or False
             return collated
         return self.collate_fn(data)
 
