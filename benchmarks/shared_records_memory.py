@@ -42,12 +42,12 @@ import json
 import marshal
 import os
 import platform
-import subprocess
 import sys
 import time
 from typing import Any
 
 import numpy as np
+from case_process import case_in_fresh_process
 from records_fork_model import annotation
 
 from fastq._bench.procstat import pss_bytes, total_pss
@@ -144,13 +144,9 @@ def run_case(case: str, n: int, workers: int) -> dict[str, Any]:
 
 
 def launch(case: str, n: int, workers: int) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--one", case]
-    command += ["--records", str(n), "--workers", str(workers)]
-    out = subprocess.run(command, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"case {case} failed:\n{out.stderr}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return case_in_fresh_process(
+        __file__, case, ["--records", str(n), "--workers", str(workers)]
+    )
 
 
 def memory(cases: list[str], n: int, workers_list: list[int]) -> None:

@@ -29,12 +29,11 @@ import argparse
 import json
 import os
 import platform
-import subprocess
-import sys
 import time
 from typing import Any
 
 import numpy as np
+from case_process import case_in_fresh_process
 
 from fastq._bench.procstat import pss_bytes, total_pss
 
@@ -113,13 +112,9 @@ def run_case(case: str, n: int, workers: int) -> dict[str, Any]:
 
 
 def launch(case: str, n: int, workers: int) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--one", case]
-    command += ["--samples", str(n), "--workers", str(workers)]
-    out = subprocess.run(command, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"case {case} failed:\n{out.stderr}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return case_in_fresh_process(
+        __file__, case, ["--samples", str(n), "--workers", str(workers)]
+    )
 
 
 def main() -> None:
