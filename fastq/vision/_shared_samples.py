@@ -52,6 +52,19 @@ _READ_FROM_RECORDS = ("samples", "imgs", "targets")
 _UNREAD_IN_WORKERS = (*_READ_FROM_RECORDS, "_records_of")
 _STORE = ("_records", "_records_of", "_records_pid")
 
+# This process's id, kept as forks change it: a read asks it per sample,
+# and os.getpid() is a system call each time.
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
 
 class SharedSamples:
     """``samples`` read by fastq's workers from records in shared memory,
@@ -109,7 +122,7 @@ class SharedSamples:
         records = self._records
         if (
             records is not None
-            and self._records_pid != os.getpid()
+            and self._records_pid != _pid
             and get_worker_info() is not None
         ):
             return records[index]  # type: ignore[return-value]
