@@ -20,6 +20,7 @@ backend run (CI runs them) and the GPU's are listed as skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -161,7 +162,8 @@ CONFIGS = (
     ),
     Config(
         "torchvision",
-        "torchvision decode_jpeg(list, device='cuda'), whole images, hardware-kind files",
+        "torchvision decode_jpeg(list, device='cuda'), whole images, "
+        "hardware-kind files",
         None,
         boxes=False,
     ),
@@ -332,10 +334,8 @@ def versions() -> dict[str, str]:
 
     out = {}
     for name in ("nvidia-nvimgcodec-cu13", "nvidia-nvjpeg", "torch", "torchvision"):
-        try:
+        with contextlib.suppress(md.PackageNotFoundError):
             out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            pass
     return out
 
 
@@ -356,6 +356,24 @@ def table(rows: Sequence[Row]) -> str:
             f"{jpg:>5}  {r.what}"
         )
     return "\n".join(lines)
+
+
+def write(
+    args: argparse.Namespace, rows: Sequence[Row], files: int, hardware: int
+) -> None:
+    if not args.json:
+        return
+    report = {
+        "device": args.device,
+        "files": files,
+        "hardware_files": hardware,
+        "batch": args.batch,
+        "cpu_threads": args.cpu_threads,
+        "versions": versions(),
+        "rows": [{k: v for k, v in asdict(r).items() if k != "window"} for r in rows],
+    }
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -405,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row = Row(cfg.name, cfg.what, error=f"{type(exc).__name__}: {exc}")
             rows.append(row)
             print(f"  {cfg.name}: {row.images_per_s:,.0f} images/s", flush=True)
+            write(args, rows, len(samples), hardware)  # a run cut short keeps its rows
         measured = [r for r in rows if r.images]
         if measured:
             sampler.settle(max(r.window[1] for r in measured))
@@ -415,21 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         sampler.stop()
     print(table(rows))
-    if args.json:
-        report = {
-            "device": args.device,
-            "files": len(samples),
-            "hardware_files": hardware,
-            "batch": args.batch,
-            "cpu_threads": args.cpu_threads,
-            "versions": versions(),
-            "rows": [
-                {k: v for k, v in asdict(r).items() if k != "window"} for r in rows
-            ],
-        }
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"wrote {args.json}")
+    write(args, rows, len(samples), hardware)
     return 0 if any(r.images for r in rows) else 1
 
 
