@@ -51,6 +51,17 @@ parts="${PARTS:-preflight engine pixels stage resnet18}"
 dry="${GPU_CHECK_DRY:-0}"
 # The machine's Python: GPU images often have python3 alone.
 py="${PYTHON:-$(command -v python3 || command -v python)}"
+known=" preflight engine pixels stage resnet18 tests first-batch train-all model "
+for part in $parts; do
+    case "$known" in
+    *" $part "*) ;;
+    *)
+        echo "PARTS: unknown part $part (preflight, engine, pixels, stage, resnet18;" \
+            "tests, first-batch, train-all, model)" >&2
+        exit 2
+        ;;
+    esac
+done
 planned=0
 if [ "$dry" = 1 ]; then
     gpu="GPU"
@@ -206,16 +217,11 @@ for part in $parts; do
             --loader "DataLoader,fastq.torch.DataLoader,GPU decode: nvImageCodec,GPU decode: torchvision"
         ;;
     train-all)
-        step train-all 450 "$out/train-$gpu.txt" "$py" -m fastq bench --case train \
+        step train-all 360 "$out/train-$gpu.txt" "$py" -m fastq bench --case train \
             --workers $((cpus - 1)) --json "$out/train-$gpu.json"
         ;;
     model)
         step model 200 "$out/gpu-model-$gpu.txt" "$py" -m fastq bench --case gpu-model
-        ;;
-    *)
-        echo "PARTS: unknown part $part (preflight, engine, pixels, stage, resnet18;" \
-            "tests, first-batch, train-all, model)" >&2
-        exit 2
         ;;
     esac
 done

@@ -47,14 +47,14 @@ def parse_dmon(lines: Iterable[str], day_start: float) -> list[tuple[float, floa
 def window_mean(
     samples: Sequence[tuple[float, float]], start: float, end: float
 ) -> tuple[float | None, int]:
-    """The mean jpg% of the samples inside (start, end] and how many; each
-    sample averages the second before its stamp, so the first whole second
-    of the window is the first counted. A window shorter than a sample's
-    second takes the first sample after its start."""
-    inside = [v for t, v in samples if start + 1 <= t <= end + 0.999]
+    """The mean jpg% of the samples of the window and how many. A sample
+    averages about the second before its stamp, which is truncated to the
+    second: those stamped within (start + 0.5, end + 0.5] are the window's
+    (mostly inside it). A window shorter than that takes the first sample
+    after its start."""
+    inside = [v for t, v in samples if start + 0.5 < t <= end + 0.5]
     if not inside:
-        after = [v for t, v in samples if t > start]
-        inside = after[:1]
+        inside = [v for t, v in samples if t > start][:1]
     if not inside:
         return None, 0
     return sum(inside) / len(inside), len(inside)
