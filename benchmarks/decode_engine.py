@@ -125,8 +125,8 @@ def _split(share: float, adaptive: bool = False) -> Callable[[Any], list[Any]]:
 
 
 def _all_gpu(nv: Any) -> list[Any]:
-    # As fastq's backend opens it: the engines first, then the CUDA, hybrid
-    # and CPU paths for what they leave.
+    # Every path, in nvImageCodec's order of preference: the engines first,
+    # then the CUDA, hybrid and CPU paths for what they leave.
     kinds = ("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU", "CPU_ONLY")
     return [nv.Backend(getattr(nv.BackendKind, k)) for k in kinds]
 
@@ -138,7 +138,7 @@ def _cpu(nv: Any) -> list[Any]:
 CONFIGS = (
     Config("hw-whole", "hardware engines only, whole images", _hw, boxes=False),
     Config("hw-boxes", "hardware engines only, boxes", _hw),
-    Config("all-boxes", "hardware, CUDA, hybrid, CPU (fastq's list), boxes", _all_gpu),
+    Config("all-boxes", "hardware, CUDA, hybrid, CPU, boxes", _all_gpu),
     Config("split-0.9", "hardware 90%, hybrid the rest, boxes", _split(0.9)),
     Config("split-0.75", "hardware 75%, hybrid the rest, boxes", _split(0.75)),
     Config("split-0.5", "hardware 50%, hybrid the rest, boxes", _split(0.5)),
@@ -149,13 +149,13 @@ CONFIGS = (
     ),
     Config(
         "two-decoders",
-        "fastq's list, two Decoders in turn, boxes",
+        "hardware, CUDA, hybrid, CPU; two Decoders in turn, boxes",
         _all_gpu,
         decoders=2,
     ),
     Config(
         "two-threads",
-        "fastq's list, two Decoders on two threads, boxes",
+        "hardware, CUDA, hybrid, CPU; two Decoders on two threads, boxes",
         _all_gpu,
         decoders=2,
         threads=2,
@@ -369,6 +369,8 @@ def write(
         "hardware_files": hardware,
         "batch": args.batch,
         "cpu_threads": args.cpu_threads,
+        "cpus": os.cpu_count(),
+        "seconds_per_configuration": args.seconds,
         "versions": versions(),
         "rows": [{k: v for k, v in asdict(r).items() if k != "window"} for r in rows],
     }

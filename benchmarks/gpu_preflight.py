@@ -55,7 +55,8 @@ def doctor_verdict(payload: Any, device: str = "cuda") -> tuple[bool, str] | Non
 
 
 def ask_doctor(timeout: float, device: str) -> tuple[bool, str] | None:
-    """The doctor's verdict, or None where this fastq has no doctor."""
+    """The doctor's verdict, or None where this fastq has no doctor (or it
+    gives no answer within ``timeout``)."""
     try:
         done = subprocess.run(
             [sys.executable, "-m", "fastq", "doctor", "--json"],
@@ -65,12 +66,13 @@ def ask_doctor(timeout: float, device: str) -> tuple[bool, str] | None:
             cwd=ROOT,
         )
     except subprocess.TimeoutExpired:
-        return False, f"python -m fastq doctor --json: no answer in {timeout:g} s"
+        return None  # opened here instead, in the time left
+    start = done.stdout.find("{")
     try:
-        payload = json.loads(done.stdout)
+        payload = json.loads(done.stdout[start:]) if start >= 0 else None
     except json.JSONDecodeError:
-        return None  # the usage text: no doctor command here
-    return doctor_verdict(payload, device)
+        payload = None
+    return doctor_verdict(payload, device)  # None: the usage text, no doctor here
 
 
 def probe_jpeg() -> bytes:
@@ -139,7 +141,7 @@ def open_and_probe(device: str) -> tuple[bool, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--doctor-timeout", type=float, default=12.0)
+    p.add_argument("--doctor-timeout", type=float, default=10.0)
     args = p.parse_args(argv)
     sys.path.insert(0, ROOT)
     verdict = (

@@ -299,3 +299,89 @@ def test_the_summary_passes_and_fails_each_target(tmp_path: Path) -> None:
     assert next(v for k, v in verdicts.items() if "workers'" in k) == "pass"
     assert next(v for k, v in verdicts.items() if "first batch" in k) == "fail"
     assert next(v for k, v in verdicts.items() if "Pillow" in k) == "not measured"
+
+
+class _BoxDecoder:
+    """A decoder of the backend's interface, on nvImageCodec's CPU backend:
+    what the preflight and the box check call fastq's backend through."""
+
+    name = "nvimgcodec"
+    crops = True
+    takes_other_kinds = True
+
+    def __init__(self, shift: int = 0) -> None:
+        from nvidia import nvimgcodec as nv
+
+        self._nv = nv
+        self._shift = shift  # a wrong box, for the check to catch
+        self._decoder = nv.Decoder(
+            device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY,
+            backends=[nv.Backend(nv.BackendKind.CPU_ONLY)],
+        )
+        self._params = nv.DecodeParams(
+            color_spec=nv.ColorSpec.SRGB, apply_exif_orientation=False
+        )
+
+    def decode(self, data: Any, boxes: Any, stream: Any) -> list[Any]:
+        import numpy as np
+        import torch
+
+        nv = self._nv
+        sources = [
+            nv.CodeStream(d).get_sub_code_stream(
+                region=nv.Region(t, x + self._shift, t + h, x + self._shift + w)
+            )
+            for d, (t, x, h, w) in zip(data, boxes.tolist())
+        ]
+        images = self._decoder.decode(sources, params=self._params)
+        return [
+            None
+            if im is None
+            else torch.from_numpy(np.array(im.cpu())).permute(2, 0, 1)
+            for im in images
+        ]
+
+
+@pytest.fixture
+def ported_backend(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """fastq's open_decoder answering with _BoxDecoder (the shift it is
+    given), as the backend on the 0.9 API answers."""
+    pytest.importorskip("nvidia.nvimgcodec")
+    pytest.importorskip("torch")
+    from fastq.torch import _decoders
+
+    def use(shift: int = 0) -> None:
+        monkeypatch.setattr(
+            _decoders, "open_decoder", lambda name, device: (_BoxDecoder(shift), "")
+        )
+
+    return use
+
+
+def test_the_preflight_passes_a_backend_that_decodes_the_probe(
+    ported_backend: Any,
+) -> None:
+    from gpu_preflight import open_and_probe
+
+    ported_backend()
+    ok, why = open_and_probe("cpu")
+    assert ok, why
+    ported_backend(shift=-9)  # inside the picture, 9 pixels off
+    ok, why = open_and_probe("cpu")
+    assert not ok and "differs from Pillow" in why, why
+    ported_backend(shift=9)  # past its right edge: not decoded
+    ok, why = open_and_probe("cpu")
+    assert not ok and "returned None" in why, why
+
+
+def test_the_box_check_goes_through_fastqs_backend(
+    ported_backend: Any, bench_files: Path
+) -> None:
+    import decode_box_pixels as px
+    from decode_engine import load_samples
+
+    samples = px.with_corner_boxes(load_samples(str(bench_files), 8))
+    ported_backend()
+    assert px.summary(px.run(samples, px.FastqDecoder("cpu"), 4))["ok"]
+    ported_backend(shift=5)
+    assert not px.summary(px.run(samples, px.FastqDecoder("cpu"), 4))["ok"]
