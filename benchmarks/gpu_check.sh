@@ -172,16 +172,16 @@ for part in $parts; do
         fi
         ;;
     engine)
-        step engine 80 "$out/engine-$gpu.txt" "$py" benchmarks/decode_engine.py \
+        step engine 95 "$out/engine-$gpu.txt" "$py" benchmarks/decode_engine.py \
             --files 2048 --batch 128 --seconds 3 --json "$out/engine-$gpu.json"
         ;;
     pixels)
-        step pixels 45 "$out/pixels-$gpu.txt" "$py" benchmarks/decode_box_pixels.py \
+        step pixels 40 "$out/pixels-$gpu.txt" "$py" benchmarks/decode_box_pixels.py \
             --samples 512 --json "$out/pixels-$gpu.json"
         ;;
     stage)
         if [ -f benchmarks/decode_stage_host.py ] || [ "$dry" = 1 ]; then
-            step stage 45 "$out/stage-host-$gpu.txt" bash -c '
+            step stage 40 "$out/stage-host-$gpu.txt" bash -c '
                 if [ ! -f benchmarks/decode_stage_host.py ]; then
                     echo "skipped: benchmarks/decode_stage_host.py is not in this checkout"; exit 0
                 fi
