@@ -128,6 +128,8 @@ def training(out: str, gpu: str) -> list[Target]:
             if tv
             else ""
         )
+        if nv.get("decode_gpu_ms") is not None:
+            tv_note += f"; decode stage GPU {nv['decode_gpu_ms']:.2f} ms/batch"
         out_rows.append(
             Target(
                 share_name,
@@ -182,6 +184,22 @@ def pixels(out: str, gpu: str) -> Target:
     )
 
 
+def _host_figures(node: Any, path: str = "") -> list[str]:
+    """ "path value" of each number under a key naming host us per image."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            where = f"{path}.{k}" if path else str(k)
+            if "host_us" in str(k) and isinstance(v, (int, float)):
+                found.append(f"{where} {v:.1f}")
+            else:
+                found.extend(_host_figures(v, where))
+    elif isinstance(node, list):
+        for k, v in enumerate(node):
+            found.extend(_host_figures(v, f"{path}[{k}]"))
+    return found
+
+
 def stage(out: str, gpu: str) -> Target:
     path = os.path.join(out, f"stage-host-{gpu}.txt")
     name = "the stage's host time per image (decode_stage_host.py)"
@@ -190,6 +208,9 @@ def stage(out: str, gpu: str) -> Target:
         return Target(name, "no stage output", "not measured")
     if line.startswith("skipped"):
         return Target(name, line, "not measured")
+    figures = _host_figures(_load(os.path.join(out, f"stage-host-{gpu}.json")))
+    if figures:
+        return Target(name, "; ".join(figures[:6]), "measured")
     with open(path) as f:
         last = [s.strip() for s in f if s.strip()][-1:]
     return Target(

@@ -385,3 +385,15 @@ def test_the_box_check_goes_through_fastqs_backend(
     assert px.summary(px.run(samples, px.FastqDecoder("cpu"), 4))["ok"]
     ported_backend(shift=5)
     assert not px.summary(px.run(samples, px.FastqDecoder("cpu"), 4))["ok"]
+
+
+def test_the_summary_finds_the_stages_host_figures(tmp_path: Path) -> None:
+    import gpu_summary
+
+    (tmp_path / "stage-host-H.txt").write_text("stage host time\n")
+    figures = {"rows": [{"name": "batched", "host_us_per_image": 12.5}]}
+    (tmp_path / "stage-host-H.json").write_text(json.dumps(figures))
+    t = gpu_summary.stage(str(tmp_path), "H")
+    assert t.verdict == "measured" and "host_us_per_image 12.5" in t.measured
+    (tmp_path / "stage-host-H.txt").write_text("skipped: not in this checkout\n")
+    assert gpu_summary.stage(str(tmp_path), "H").verdict == "not measured"
