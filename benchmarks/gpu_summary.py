@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -93,15 +94,40 @@ def engine(out: str, gpu: str) -> list[Target]:
     return [Target(name, f"best {best['name']} ({each}{tv_rate})", verdict)]
 
 
+# A run's progress line (fastq._bench.train.describe), for a bench cut short
+# before it wrote its JSON.
+_PROGRESS = re.compile(
+    r"train resnet18 w=\d+ (?P<label>.+?): (?P<rate>[\d,]+) images/s, .*?"
+    r"(?:first batch (?P<first>[\d.]+) s, )?workers' CPU (?P<cpu>[\d,]+) us/image"
+)
+_LABELS = {"ceiling: one batch, reused": "ceiling"}
+
+
 def _train_rows(out: str, gpu: str) -> dict[str, dict[str, Any]]:
     report = _load(os.path.join(out, f"resnet18-{gpu}.json"))
-    if not report:
-        return {}
-    return {
-        r["config"]["loader"]: r
-        for r in report.get("results", [])
-        if r.get("section") == "train" and not r.get("error")
-    }
+    if report:
+        return {
+            r["config"]["loader"]: r
+            for r in report.get("results", [])
+            if r.get("section") == "train" and not r.get("error")
+        }
+    rows: dict[str, dict[str, Any]] = {}
+    try:
+        with open(os.path.join(out, f"resnet18-{gpu}.txt")) as f:
+            lines = f.readlines()
+    except OSError:
+        return rows
+    for line in lines:
+        m = _PROGRESS.search(line)
+        if m is None:
+            continue
+        label = _LABELS.get(m["label"], m["label"])
+        rows[label] = {
+            "images_per_s": float(m["rate"].replace(",", "")),
+            "first_batch_s": float(m["first"]) if m["first"] else None,
+            "worker_cpu_us": float(m["cpu"].replace(",", "")),
+        }
+    return rows
 
 
 def training(out: str, gpu: str) -> list[Target]:

@@ -397,3 +397,26 @@ def test_the_summary_finds_the_stages_host_figures(tmp_path: Path) -> None:
     assert t.verdict == "measured" and "host_us_per_image 12.5" in t.measured
     (tmp_path / "stage-host-H.txt").write_text("skipped: not in this checkout\n")
     assert gpu_summary.stage(str(tmp_path), "H").verdict == "not measured"
+
+
+def test_the_summary_reads_a_bench_cut_short_from_its_progress(tmp_path: Path) -> None:
+    import gpu_summary
+
+    tail = "peak PSS 2969 MB"
+    progress = [
+        "[  1/4] train resnet18 w=15 DataLoader: 4,764 images/s, waiting 29%, loop "
+        f"CPU 7.8 ms/step, first batch 0.85 s, workers' CPU 2,400 us/image, {tail}",
+        "[  2/4] train resnet18 w=15 GPU decode: nvImageCodec: 10,100 images/s, "
+        "waiting 3%, loop CPU 6.5 ms/step, first batch 0.91 s, workers' CPU 500 "
+        f"us/image, {tail}",
+        "[  3/4] train resnet18 w=15 ceiling: one batch, reused: 11,140 images/s, "
+        f"waiting 0%, loop CPU 6.1 ms/step, workers' CPU 0 us/image, {tail}",
+    ]
+    (tmp_path / "resnet18-H.txt").write_text("\n".join(progress) + "\n")
+    verdicts = {t.target: t for t in gpu_summary.training(str(tmp_path), "H")}
+    share = next(t for k, t in verdicts.items() if "ceiling" in k)
+    assert share.verdict == "pass" and share.measured.startswith("0.91"), share
+    workers = next(t for k, t in verdicts.items() if "workers'" in k)
+    assert workers.verdict == "pass" and workers.measured.startswith("0.21"), workers
+    first = next(t for k, t in verdicts.items() if "first batch" in k)
+    assert first.verdict == "pass" and first.measured.startswith("+0.060"), first
