@@ -122,6 +122,8 @@ def open_and_probe(device: str) -> tuple[bool, str]:
         return False, f"{type(decoder).__name__}.decode: {type(exc).__name__}: {exc}"
     if not out or out[0] is None:
         return False, f"{type(decoder).__name__}.decode returned None for the probe"
+    if out[0].device.type != where.type:
+        return False, f"the probe's box was decoded to {out[0].device}, not {where}"
     got = out[0].permute(1, 2, 0).cpu().numpy()
     if not getattr(decoder, "crops", True):
         got = got[top : top + h, left : left + w]
