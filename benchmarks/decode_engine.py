@@ -279,6 +279,7 @@ def measure(
     counts = [[0, 0, 0.0] for _ in lanes]  # decoded, rejected, thread CPU s
 
     failures: list[BaseException] = []
+    held: list[Any] = []  # a pass's decoded images, alive until its sync
 
     def lane(t: int) -> None:
         try:
@@ -288,14 +289,13 @@ def measure(
 
     def run_lane(t: int) -> None:
         cpu0 = time.thread_time()
-        kept = []
         for k in lanes[t]:
             # Sources are made in the timed loop, as the stage makes them.
             out = engine.decode(k, engine.sources(batches[k]))
             decoded = sum(x is not None for x in out)
             counts[t][0] += decoded
             counts[t][1] += len(out) - decoded
-            kept.append(out)  # alive until the pass's sync
+            held.append(out)
         counts[t][2] += time.thread_time() - cpu0
 
     wall0, stamp0, cpu0 = time.perf_counter(), time.time(), _cpu_s()
@@ -313,6 +313,7 @@ def measure(
         if failures:
             raise failures[0]
         engine.sync()
+        held.clear()
         if time.perf_counter() - wall0 >= seconds:
             break
     row.seconds = time.perf_counter() - wall0
