@@ -272,9 +272,12 @@ def measure(
     row = Row(cfg.name, cfg.what)
     engine = Engine(cfg, "cuda" if cfg.cuda else "cpu", cpu_threads)
     batches = _batches(samples, cfg, batch)
-    for k in range(min(len(batches), cfg.decoders)):  # warm-up: one batch each
+    warm = [  # one batch on each Decoder
         engine.decode(k, engine.sources(batches[k]))
+        for k in range(min(len(batches), cfg.decoders))
+    ]
     engine.sync()
+    del warm
     lanes = [list(range(t, len(batches), cfg.threads)) for t in range(cfg.threads)]
     counts = [[0, 0, 0.0] for _ in lanes]  # decoded, rejected, thread CPU s
 
