@@ -30,7 +30,7 @@
 #   train-all    the training bench: ResNet-18 and ResNet-50, every loader
 #   model        the GPU-timeline model's case (it runs on the CPU alone)
 #
-#     OUT=benchmarks/results/gpu-run bash benchmarks/gpu_check.sh
+#     OUT=benchmarks/results/gpu-check bash benchmarks/gpu_check.sh
 #     PARTS="tests model" bash benchmarks/gpu_check.sh
 #     GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh   # the plan, nothing run
 #
@@ -40,13 +40,13 @@
 # installed from benchmarks/wheels/ (benchmarks/fetch_gpu_wheels.sh, about
 # 29 MB, carried with the checkout). fastq's extension is built in place if
 # it is not there: with Cython where the machine has it, else from the C
-# files Cython made beforehand (src_c/_*.c: run `python setup.py build_ext
-# --inplace` once on the machine that carries the checkout, then carry
-# them). Writes each output under $OUT (default benchmarks/results/gpu-run),
+# files Cython made beforehand (src_c/_*.c, 4.5 MB: run `python setup.py
+# build_ext --inplace` on the machine that sends the checkout, and carry
+# them too). Writes each output under $OUT (default benchmarks/results/gpu-check),
 # named for the GPU, and steps-GPU.txt: each step's exit status and time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-benchmarks/results/gpu-run}"
+out="${OUT:-benchmarks/results/gpu-check}"
 parts="${PARTS:-preflight engine pixels stage resnet18}"
 dry="${GPU_CHECK_DRY:-0}"
 # The machine's Python: GPU images often have python3 alone.
