@@ -74,6 +74,7 @@ def load_samples(data_dir: str, count: int, side: int = 224) -> list[Sample]:
 class Row:
     name: str
     what: str
+    cpu_threads: int = 0  # nvImageCodec's max_num_cpu_threads
     images: int = 0  # decoded over the measured passes
     rejected: int = 0  # returned as None (the configuration does not take them)
     seconds: float = 0.0
@@ -100,6 +101,7 @@ class Config:
     decoders: int = 1
     threads: int = 1
     cuda: bool = True
+    cpu_threads: int | None = None  # nvImageCodec's, where not --cpu-threads
 
 
 def _hw(nv: Any) -> list[Any]:
@@ -162,6 +164,12 @@ CONFIGS = (
     ),
     Config("split-0.9", "hardware 90%, hybrid the rest, boxes", _split(0.9)),
     Config("split-0.5", "hardware 50%, hybrid the rest, boxes", _split(0.5)),
+    Config(
+        "split-0.75-4t",
+        "hardware 75%, hybrid the rest on 4 CPU threads, boxes",
+        _split(0.75),
+        cpu_threads=4,
+    ),
     Config(
         "two-threads",
         "hardware, CUDA, hybrid, CPU; two Decoders on two threads, boxes",
@@ -269,8 +277,8 @@ def measure(
     cfg: Config, samples: Sequence[Sample], batch: int, seconds: float, cpu_threads: int
 ) -> Row:
     """One configuration's row: whole passes for ``seconds`` at least."""
-    row = Row(cfg.name, cfg.what)
-    engine = Engine(cfg, "cuda" if cfg.cuda else "cpu", cpu_threads)
+    row = Row(cfg.name, cfg.what, cpu_threads=cfg.cpu_threads or cpu_threads)
+    engine = Engine(cfg, "cuda" if cfg.cuda else "cpu", row.cpu_threads)
     batches = _batches(samples, cfg, batch)
     warm = [  # one batch on each Decoder
         engine.decode(k, engine.sources(batches[k]))

@@ -32,6 +32,7 @@ ENGINE_ROWS = (
     "split-0.9",
     "split-0.75",
     "split-0.5",
+    "split-0.75-4t",
     "adaptive",
     "two-decoders",
     "two-threads",
