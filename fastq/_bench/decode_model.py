@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from . import gpu_model
+
 # ------------------------------------------------- measured on the H200
 
 # Images/s of the ceiling (the step on one batch held on the device) and
@@ -106,9 +108,9 @@ POST_US_PER_IMAGE = 2.0
 # The loop's share when the stage has a thread of its own: take the batch,
 # make its stream wait on the batch's event.
 HAND_OUT_US_PER_BATCH = 50.0
-# Host-to-device copies from page-locked memory: PCIe 4.0 x16, as H100
-# machines measure (tests/test_torch_cuda.py measures it on a GPU).
-COPY_BYTES_PER_S = 25e9
+# Host-to-device copies from page-locked memory, as the torch stand-in has
+# them (PCIe 4.0 x16).
+COPY_BYTES_PER_S = gpu_model.COPY_BYTES_PER_S
 # The loop thread's CPU per step holds the GIL throughout: an upper bound
 # (torch lets go of it inside some calls), the reading the review made.
 LOOP_GIL_SHARE = 1.0
@@ -165,7 +167,9 @@ class Stage:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-def balanced_worker_share(engine_rate: float, loader: str = "fastq.torch.DataLoader") -> float:
+def balanced_worker_share(
+    engine_rate: float, loader: str = "fastq.torch.DataLoader"
+) -> float:
     """The share of samples the workers decode to pixels for the engines and
     the workers to run out together: X (1 - s)(1 - other) = engine_rate
     and X (s pixel + (1 - s) encoded) = WORKERS seconds a second. What a

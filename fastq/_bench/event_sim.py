@@ -81,7 +81,7 @@ class Simulation:
         if seconds < 0:
             raise ValueError(f"seconds={seconds}: a timeout cannot be negative")
         event = Event(self)
-        self._at(self.now + seconds, lambda e: e.succeed(), event)
+        self._at(self.now + seconds, _happen, event)
         return event
 
     def process(self, body: Process) -> Event:
@@ -118,6 +118,10 @@ class Simulation:
             callback(event)
         if isinstance(until, Event) and not until.triggered:
             raise RuntimeError("the simulation ran out of events before `until`")
+
+
+def _happen(event: Event) -> None:
+    event.succeed()
 
 
 class Resource:
