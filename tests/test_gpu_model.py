@@ -272,7 +272,11 @@ def test_the_calibration_fails_on_a_host_a_sixth_slower(
 def test_the_shipped_row_reaches_nine_tenths_of_the_ceiling_at_7000() -> None:
     """`--engine-rate 7000`: the shipped row at >= 0.90 of ResNet-18's
     ceiling, the code as it is today well below it."""
-    rows = [r for r in gt.plan([7000.0]) if r.stage is not None]
+    rows = [
+        r
+        for r in gt.plan([7000.0])
+        if r.stage is not None and r.stage.name.startswith((gt.SHIPPED, "today's"))
+    ]
     results = {r.stage.name: gt.simulate(r) for r in rows if r.stage is not None}
     shipped = [v for k, v in results.items() if k.startswith(gt.SHIPPED)]
     assert len(shipped) == 1 and shipped[0].of_ceiling >= 0.90

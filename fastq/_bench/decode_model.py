@@ -88,6 +88,10 @@ ENCODED_BYTES = 110_000  # the set's files: 109 KB on average (same file)
 STAGE_HOST_US_TODAY = (55.0, 90.0)
 STAGE_HOST_US_BATCHED = 15.0
 
+# nvImageCodec's CPU threads when the code leaves max_num_cpu_threads at
+# 0: one per CPU core (its Decoder's documentation).
+NVIMGCODEC_THREADS = H200_CORES
+
 # ------------------------------------------------------------- assumed
 
 # The JPEG engines' rate on the bench's files, all engines together: the
@@ -161,7 +165,7 @@ class Stage:
     submit_us: float = SUBMIT_US_PER_IMAGE
     worker_share: float = 0.0
     hybrid_share: float = 0.0
-    cpu_threads: int = 4
+    cpu_threads: int = NVIMGCODEC_THREADS
 
     def but(self, **changes: object) -> Stage:
         return replace(self, **changes)  # type: ignore[arg-type]

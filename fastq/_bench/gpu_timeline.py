@@ -26,6 +26,7 @@ each resource's busy share over the same span says what bounds it.
 from __future__ import annotations
 
 import argparse
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -227,9 +228,12 @@ def _decode_stage(host: Host, row: Row) -> Queue:
     def on_cpu_threads(images: float) -> Process:
         """The call's files for the CPU, over its threads; returns when all
         are decoded (the call returns then)."""
-        each = images / stage.cpu_threads
+        # A file is one thread's: a batch's few files take as many threads
+        # as there are files, each a whole file's time.
+        threads = min(stage.cpu_threads, math.ceil(images))
+        each = images / threads
         jobs = []
-        for _ in range(stage.cpu_threads):
+        for _ in range(threads):
 
             def job() -> Process:
                 yield host.cpu_threads.request()
@@ -411,6 +415,9 @@ def today_stages() -> list[dm.Stage]:
 
 
 SHIPPED = "shipped"
+# The hybrid row's CPU threads: about the cores that the workers (reading
+# encoded files), the loop's thread and the stage's leave of 16.
+HYBRID_THREADS = 12
 
 
 def batched_stages(engine_rate: float) -> list[dm.Stage]:
@@ -423,10 +430,10 @@ def batched_stages(engine_rate: float) -> list[dm.Stage]:
         batched,
         two,
         two.but(
-            name="batched stage, two Decoders, hybrid: 25% of the files on 8 "
-            "nvImageCodec CPU threads",
+            name=f"batched stage, two Decoders, hybrid: 25% of the files on "
+            f"{HYBRID_THREADS} nvImageCodec CPU threads",
             hybrid_share=0.25,
-            cpu_threads=8,
+            cpu_threads=HYBRID_THREADS,
         ),
         batched.but(
             name=f"batched stage, one Decoder, workers decode {share:.0%} to pixels",
