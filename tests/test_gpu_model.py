@@ -172,20 +172,23 @@ def test_a_run_is_the_same_every_time() -> None:
     assert a.images_per_s == b.images_per_s and a.busy == b.busy
 
 
-def test_the_gil_caps_the_loop_when_step_and_stage_want_more_than_a_second() -> None:
+def test_the_gil_caps_the_loop_when_step_and_stage_want_more_than_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Loop CPU (5.6 ms a step) and the stage's host work both hold the GIL:
     at 80 us an image they want more than 1 s a second at the step's rate,
     so the rate stops at 1 / (the GIL's seconds per image), far below what
     the engines (1e6/s) and the SMs allow. Work that let go of the GIL
     (a sleep) would not stop there."""
+    monkeypatch.setattr(dm, "OTHER_SHARE", 0.0)  # the GIL alone in the way
     host_us = 80.0
     stage = dm.Stage("slow host", host_us=host_us, decoders=2, submit_us=0.0)
-    stage = stage.but(cpu_threads=64)
     loop_s = dm.step_cpu_ms("resnet18") / 1e3 + dm.HAND_OUT_US_PER_BATCH / 1e6
     gil_per_image = loop_s / dm.BATCH + host_us / 1e6
     assert dm.ceiling("resnet18") * gil_per_image > 1.2, "more than 1 s a second"
     capped = gt.simulate(_row(stage, 1e6))
-    assert 0.9 / gil_per_image <= capped.images_per_s <= 1.001 / gil_per_image
+    # 1% for the span's edges: the loop runs up to five steps ahead of the GPU.
+    assert 0.9 / gil_per_image <= capped.images_per_s <= 1.01 / gil_per_image
     assert capped.busy["GIL"] >= 0.95 and capped.bound_by == "GIL"
     free = gt.simulate(_row(stage.but(host_us=10.0), 1e6))
     assert free.images_per_s > 1 / gil_per_image, "a light stage is not capped"
