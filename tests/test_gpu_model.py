@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from fastq._bench import decode_model as dm
+from fastq._bench import gpu_model_case as case
 from fastq._bench import gpu_timeline as gt
 from fastq._bench.event_sim import Queue, Resource, Simulation
 from fastq._bench.gpu_model import COPY_BYTES_PER_S, ModelEvent, ModelGpu
@@ -258,7 +259,7 @@ def test_todays_loaders_land_in_the_h200s_measured_range() -> None:
     they are checked against), each loader lands in its own measured
     range on the H200, give or take the tolerance, bound by the workers."""
     for r in _today():
-        assert gt.calibrated(r), (r.row.loader, r.of_ceiling)
+        assert case.calibrated(r), (r.row.loader, r.of_ceiling)
         assert r.bound_by == "workers"
     assert dm.CALIBRATION_TOLERANCE < 0.05
 
@@ -269,7 +270,7 @@ def test_the_calibration_fails_on_a_host_a_sixth_slower(
     """The check can fail: with the compute case's Xeon-to-AMD ratio (1.15)
     in place of 1, DataLoader's and fastq's rows fall out of range."""
     monkeypatch.setattr(dm, "XEON_OVER_AMD", 72.7 / 63.0)
-    assert not any(gt.calibrated(r) for r in _today())
+    assert not any(case.calibrated(r) for r in _today())
 
 
 def test_the_shipped_row_reaches_nine_tenths_of_the_ceiling_at_7000() -> None:
@@ -277,11 +278,11 @@ def test_the_shipped_row_reaches_nine_tenths_of_the_ceiling_at_7000() -> None:
     ceiling, the code as it is today well below it."""
     rows = [
         r
-        for r in gt.plan([7000.0])
-        if r.stage is not None and r.stage.name.startswith((gt.SHIPPED, "today's"))
+        for r in case.plan([7000.0])
+        if r.stage is not None and r.stage.name.startswith((case.SHIPPED, "today's"))
     ]
     results = {r.stage.name: gt.simulate(r) for r in rows if r.stage is not None}
-    shipped = [v for k, v in results.items() if k.startswith(gt.SHIPPED)]
+    shipped = [v for k, v in results.items() if k.startswith(case.SHIPPED)]
     assert len(shipped) == 1 and shipped[0].of_ceiling >= 0.90
     today = [v for k, v in results.items() if k.startswith("today's")]
     assert today and all(r.of_ceiling < 0.75 for r in today)

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 
-from . import gpu_timeline, procstat, train
+from . import gpu_model_case, gpu_timeline, procstat, train
 from .session import Session
 
 
@@ -73,7 +73,7 @@ def add_gpu_model(
 ) -> None:
     """Plans `--case gpu-model`: the simulated rows at each --engine-rate
     (simulated time: seconds on any machine, whatever its load)."""
-    rows = gpu_timeline.plan(gpu_timeline.engine_rates(args))
+    rows = gpu_model_case.plan(gpu_model_case.engine_rates(args))
 
     def model_runs(session: Session) -> None:
         results = []
@@ -89,14 +89,12 @@ def add_gpu_model(
                 file=sys.stderr,
                 flush=True,
             )
-            session.records.append(
-                {"section": "gpu-model", **asdict(r), "row": asdict(row)}
-            )
-        text.append(gpu_timeline.intro() + "\n")
-        text.append(gpu_timeline.table(results) + "\n")
+            session.records.append({"section": "gpu-model", **asdict(r)})
+        text.append(gpu_model_case.intro() + "\n")
+        text.append(gpu_model_case.table(results) + "\n")
         text.append(
             "Calibration, today's loaders input-bound on the H200: "
-            + "; ".join(gpu_timeline.calibration(results))
+            + "; ".join(gpu_model_case.calibration(results))
             + "\n"
         )
 
