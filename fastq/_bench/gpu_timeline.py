@@ -41,8 +41,12 @@ PIECES = 16
 # about five steps ahead.
 LAUNCH_AHEAD = 5 * PIECES
 # Work that holds the GIL is done in slices of at most this much, the GIL
-# passing to the other thread between slices if it waits (torch's calls let
-# go of it often; CPython's switch interval, 5 ms, only bounds the worst).
+# passing to the other thread between slices if it waits: torch's bindings
+# let go of it inside each op's call, so hand-overs are finer than
+# CPython's switch interval (5 ms, the worst). Coarser slices favour the
+# stage as it is today (fewer hand-overs, docs/performance.md gives how
+# much). A thread holding the GIL that waits for a core keeps it, as one
+# the kernel has descheduled does.
 GIL_SLICE_S = 0.5e-3
 # A process's or a thread's CPU work without the GIL, in slices a core is
 # held for, as the kernel's scheduler shares cores among runnable threads.
