@@ -299,3 +299,10 @@ def test_the_bench_case_prints_the_rows_at_the_rate_asked(
     assert any("shipped" in line and "| 7,000 |" in line for line in rows)
     assert not any("10,900" in line for line in rows)
     assert "within" in out and "OUTSIDE" not in out
+
+
+def test_an_engine_rate_that_is_not_positive_is_refused() -> None:
+    from fastq._bench.runner import main
+
+    with pytest.raises(SystemExit, match="--engine-rate 0: give a positive"):
+        main(["--case", "gpu-model", "--engine-rate", "0"])
