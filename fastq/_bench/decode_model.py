@@ -94,11 +94,12 @@ NVIMGCODEC_THREADS = H200_CORES
 
 # ------------------------------------------------------------- assumed
 
-# The JPEG engines' rate on the bench's files, all engines together: the
-# low and middle of the plan (NVIDIA's A100 figures through DALI, about
-# 7,000 images/s with a quarter of the files on the hybrid decoder; an
-# H200 has 7 NVJPG engines to the A100's 5). No figure for the H200 is
-# measured yet: gpu_check.sh's engine part measures it.
+# The JPEG engines' rate on the bench's files, all engines together, low
+# and middle: NVIDIA's A100 figure through DALI, about 7,000 images/s with
+# a quarter of the files on the hybrid decoder (5,000 on the hardware
+# alone); and torchvision's 7,800 on an A100 (551 x 676 images, pytorch/
+# vision PR #8496) times the H200's 7 NVJPG engines over the A100's 5. No
+# figure for the H200 is measured yet: gpu_check.sh's engine part does.
 ENGINE_RATES = (7_000.0, 10_900.0)
 # The decode call's own host work per image before the engines start on a
 # batch (parse the headers, stage the bitstreams): nvImageCodec's hardware
@@ -116,7 +117,8 @@ HAND_OUT_US_PER_BATCH = 50.0
 # them (PCIe 4.0 x16).
 COPY_BYTES_PER_S = gpu_model.COPY_BYTES_PER_S
 # The loop thread's CPU per step holds the GIL throughout: an upper bound
-# (torch lets go of it inside some calls), the reading the review made.
+# (torch lets go of it inside its calls; how much of the 5.6 ms that is
+# has not been measured).
 LOOP_GIL_SHARE = 1.0
 
 
