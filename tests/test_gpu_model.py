@@ -264,7 +264,7 @@ def test_todays_loaders_land_in_the_h200s_measured_range() -> None:
     assert dm.CALIBRATION_TOLERANCE < 0.05
 
 
-def test_the_calibration_fails_on_a_host_a_sixth_slower(
+def test_the_calibration_fails_on_a_host_15_percent_slower(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The check can fail: with the compute case's Xeon-to-AMD ratio (1.15)
