@@ -306,3 +306,15 @@ def test_an_engine_rate_that_is_not_positive_is_refused() -> None:
 
     with pytest.raises(SystemExit, match="--engine-rate 0: give a positive"):
         main(["--case", "gpu-model", "--engine-rate", "0"])
+
+
+def test_no_row_passes_what_any_one_resource_allows() -> None:
+    """Each resource's closed-form capacity (its seconds per image, from
+    the same inputs) bounds every row of the case: a resource the
+    simulation forgot to hold would let a row through."""
+    for row in case.plan([7000.0, 10_900.0]):
+        short = gt.Row(row.model, row.loader, row.stage, row.engine_rate, **FAST)
+        r = gt.simulate(short)
+        caps = gt.capacities(short)
+        # 1% for the span's edges: the loop runs ahead of the GPU.
+        assert r.images_per_s <= min(caps.values()) * 1.01, (row.name, caps)

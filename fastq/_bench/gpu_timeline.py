@@ -191,7 +191,7 @@ def _cpu_loader(host: Host, row: Row) -> Queue:
 
 
 @dataclass
-class _Split:
+class Split:
     """Where a batch's images go, on average."""
 
     pixels: float  # decoded by the workers
@@ -199,7 +199,7 @@ class _Split:
     cpu: float  # to nvImageCodec's CPU threads, or Pillow on the stage thread
 
     @classmethod
-    def of(cls, stage: dm.Stage) -> _Split:
+    def of(cls, stage: dm.Stage) -> Split:
         pixels = dm.BATCH * stage.worker_share
         encoded = dm.BATCH - pixels
         other = encoded * dm.OTHER_SHARE
@@ -208,13 +208,50 @@ class _Split:
         return cls(pixels, takes - hybrid, other + hybrid)
 
 
+def capacities(row: Row) -> dict[str, float]:
+    """Each resource's images/s if it were the only limit, in closed form:
+    what no simulated row may pass (the simulation adds the waits between
+    them)."""
+    batch = dm.BATCH
+    loop_s = dm.step_cpu_ms(row.model) / 1e3
+    hand_out = dm.HAND_OUT_US_PER_BATCH / 1e6 if row.loader != CEILING else 0.0
+    gpu_s = dm.step_gpu_ms(row.model) / 1e3
+    gil_s = loop_s * dm.LOOP_GIL_SHARE + hand_out  # a batch's GIL seconds
+    cpu_s = loop_s + hand_out  # a batch's CPU seconds, all threads
+    worker_s = 0.0
+    caps: dict[str, float] = {}
+    stage = row.stage
+    if stage is None:
+        if row.loader in CPU_LOADERS:
+            worker_s = batch * dm.worker_us(row.loader) / 1e6
+    else:
+        split = Split.of(stage)
+        host_s = batch * stage.host_us / 1e6
+        gil_s += host_s
+        cpu_s += host_s + split.hardware * stage.submit_us / 1e6
+        cpu_s += split.cpu * dm.CPU_DECODE_US_PER_IMAGE / 1e6
+        worker_s = (
+            split.pixels * dm.worker_us("fastq.torch.DataLoader")
+            + (batch - split.pixels) * dm.ENCODED_US_PER_IMAGE * dm.XEON_OVER_AMD
+        ) / 1e6
+        gpu_s += batch * dm.POST_US_PER_IMAGE / 1e6
+        if split.hardware and row.engine_rate:
+            caps["JPEG engines"] = batch * row.engine_rate / split.hardware
+    caps["SMs"] = batch / gpu_s
+    caps["GIL"] = batch / gil_s
+    caps["cores"] = batch * dm.H200_CORES / (cpu_s + worker_s)
+    if worker_s:
+        caps["workers"] = batch * dm.WORKERS / worker_s
+    return caps
+
+
 def _decode_stage(host: Host, row: Row) -> Queue:
     """Workers send encoded files (and ``worker_share`` decoded); the
     stage's thread decodes each batch and hands the loop its done event."""
     stage = row.stage
     assert stage is not None and row.engine_rate is not None
     rate = row.engine_rate
-    split = _Split.of(stage)
+    split = Split.of(stage)
     per_batch = (
         split.pixels * dm.worker_us("fastq.torch.DataLoader")
         + (dm.BATCH - split.pixels) * dm.ENCODED_US_PER_IMAGE * dm.XEON_OVER_AMD
