@@ -40,8 +40,9 @@ H200_INPUT_BOUND_FRACTION = {
     "fastq.torch.DataLoader": (5_846 / 11_140, 5_616 / 11_748),  # 0.52, 0.48
 }
 # How far outside a loader's measured range the model may land: about the
-# spread of the two H200 runs (0.02 to 0.04 of the ceiling per loader) and
-# of the workers' CPU per image over three runs (about 5%, i.e. 0.02).
+# spread of its input, the workers' CPU per image, whose three runs lie
+# within 3-8% of their median (0.01 to 0.04 of the ceiling). The measured
+# range itself holds the two H200 runs' spread (0.02 to 0.04).
 CALIBRATION_TOLERANCE = 0.03
 H200_CORES = 16  # vCPUs of the host
 WORKERS = 15
@@ -53,9 +54,10 @@ IMAGE_BYTES = 3 * 224 * 224  # a decoded uint8 crop
 # The train bench's "workers' CPU us/image" column: the bench's pipeline
 # (Pillow decode, 224-pixel RandomResizedCrop, flip, uint8 CHW, collate,
 # hand-over) per image, over all the workers' processes. 2-vCPU AMD EPYC,
-# median of the column over 3 runs: `python -m fastq bench --case train --device cpu
-# --model tiny --loader DataLoader,fastq.torch.DataLoader --image-size 224
-# --batch-size 128 --steps 12 --warmup-steps 3 --workers 1 --repeat 3`
+# median of the column over 3 runs: `python -m fastq bench --case train
+# --device cpu --model tiny --loader DataLoader,fastq.torch.DataLoader
+# --image-size 224 --batch-size 128 --steps 12 --warmup-steps 3 --workers 1
+# --repeat 3`
 # (benchmarks/results/train-worker-cpu-2core-amd.txt). DataLoader's
 # workers pickle each batch through a pipe; fastq's write into the ring.
 WORKER_US_PER_IMAGE = {"DataLoader": 3_112.0, "fastq.torch.DataLoader": 2_747.0}
