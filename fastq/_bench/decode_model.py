@@ -1,276 +1,189 @@
-"""What the GPU-timeline model (fastq/_bench/gpu_model.py) knows of a
-training loop whose JPEGs the GPU decodes: the figures it is calibrated to
-(one H200 with a 16-vCPU host, benchmarks/results/gpu-run*), the decode
-stage's parameters and where each comes from, the stage as the model runs
-it, and the steady state it predicts, in closed form.
+"""What the GPU-timeline model (fastq/_bench/gpu_timeline.py) is given: the
+H200's measured figures it is checked against, the measured costs it is
+built from, and the assumptions that no machine has measured yet, each
+with where it comes from.
 
-A model, not a measurement: `benchmarks/gpu_check.sh` measures the same
-rows on a GPU, so that each parameter below can be replaced by what the
-GPU gives."""
+Three kinds of number, kept apart:
+
+- MEASURED ON THE H200 (benchmarks/results/gpu-run*, `python -m fastq
+  bench --case train --workers 15` on one H200 with a 16-vCPU Xeon host):
+  the step's GPU time and its loop thread's CPU, and the input-bound
+  loaders' images/s. The model takes the first two as inputs and only
+  checks itself against the third.
+- MEASURED ON A CPU: the workers' CPU per image of the train bench's
+  pipeline (its "workers' CPU us/image" column), the worker's cost of an
+  encoded sample, the set's files, and the stage's host time per image.
+- ASSUMED: the JPEG engines' rate (two rows: 7,000 and 10,900 images/s of
+  the bench's files), the decode call's submit time, the stage's kernels
+  on the SMs. `benchmarks/gpu_check.sh` measures each on a GPU.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .gpu_model import COPY_BYTES_PER_S
+from . import gpu_model
 
-# ------------------------------------------------------- the calibration
+# ------------------------------------------------- measured on the H200
 
-# One NVIDIA H200, 16-vCPU Xeon host, torch 2.11, `python -m fastq bench
-# --case train --workers 15`, ResNet-18 and -50, bf16, channels_last, batch
-# 128, pin_memory=True (benchmarks/results/gpu-run and gpu-run-2, one run
-# per loader on each of two machines).
+# Images/s of the ceiling (the step on one batch held on the device) and
+# the loop thread's CPU per step, ResNet-18 and -50, bf16, channels_last,
+# batch 128, in each of the two runs (gpu-run, gpu-run-2).
 H200_CEILING = {"resnet18": (11_140.0, 11_748.0), "resnet50": (4_171.0, 4_118.0)}
 H200_LOOP_CPU_MS = {"resnet18": (6.07, 5.16), "resnet50": (17.32, 16.53)}
-# ResNet-18, input-bound: each loader's images/s in the two runs.
-H200_INPUT_BOUND = {
-    "DataLoader": (4_764.0, 4_847.0),
-    "fastq.torch.DataLoader": (5_846.0, 5_616.0),
-    "TorchPrefetcher": (5_269.0, 5_741.0),
+# ResNet-18 input-bound, the workers decoding with Pillow: each loader's
+# fraction of its run's ceiling in the two runs. The model must land in
+# each loader's range, give or take CALIBRATION_TOLERANCE, from the
+# workers' measured CPU alone (it is never fitted to these).
+H200_INPUT_BOUND_FRACTION = {
+    "DataLoader": (4_764 / 11_140, 4_847 / 11_748),  # 0.43, 0.41
+    "fastq.torch.DataLoader": (5_846 / 11_140, 5_616 / 11_748),  # 0.52, 0.48
 }
-# The recorded fractions of the ceiling, input-bound: 0.41 to 0.52.
-H200_FRACTIONS = (0.41, 0.52)
+# How far outside a loader's measured range the model may land: about the
+# spread of its input, the workers' CPU per image, whose three runs lie
+# within 3-8% of their median (0.01 to 0.04 of the ceiling). The measured
+# range itself holds the two H200 runs' spread (0.02 to 0.04).
+CALIBRATION_TOLERANCE = 0.03
+H200_CORES = 16  # vCPUs of the host
 WORKERS = 15
 BATCH = 128
-# A worker decoding JPEGs as the pipeline does: about 390 a second on the
-# H200's host (fastq's 5,846 images/s over 15 workers; the issue's figure).
-CPU_DECODE_PER_WORKER = 390.0
+IMAGE_BYTES = 3 * 224 * 224  # a decoded uint8 crop
+
+# ---------------------------------------------------- measured on a CPU
+
+# The train bench's "workers' CPU us/image" column: the bench's pipeline
+# (Pillow decode, 224-pixel RandomResizedCrop, flip, uint8 CHW, collate,
+# hand-over) per image, over all the workers' processes. 2-vCPU AMD EPYC,
+# median of the column over 3 runs: `python -m fastq bench --case train
+# --device cpu --model tiny --loader DataLoader,fastq.torch.DataLoader
+# --image-size 224 --batch-size 128 --steps 12 --warmup-steps 3 --workers 1
+# --repeat 3`
+# (benchmarks/results/train-worker-cpu-2core-amd.txt). DataLoader's
+# workers pickle each batch through a pipe; fastq's write into the ring.
+WORKER_US_PER_IMAGE = {"DataLoader": 3_112.0, "fastq.torch.DataLoader": 2_747.0}
+# A vCPU of the H200's Xeon host against one of the AMD machine: taken as
+# equal. No workload has been timed on both for this pipeline; the numpy
+# compute case has (benchmarks/results/compute-16core-xeon.txt beside
+# bench-2core.txt: 72.7 against 63.0 ms a batch on one worker, 1.15), but
+# it is float32 arithmetic, not libjpeg-turbo. At 1.15 the model misses
+# DataLoader's range: the calibration test says so. The next GPU run's
+# train bench prints this column on the H200 itself.
+XEON_OVER_AMD = 1.0
+# A worker's CPU per image when the GPU decodes: read the file, parse its
+# header, draw the box and the flip (fastq.vision's encoded sample):
+# `python benchmarks/jpeg_set.py --files 1000`, 2-vCPU AMD
+# (benchmarks/results/jpeg-set-2core-amd.txt).
+ENCODED_US_PER_IMAGE = 85.0
+# Files the hardware engine does not take (progressive, grayscale): 40 of
+# the set's 1,000 (the same file).
+OTHER_SHARE = 0.04
+# A file decoded on a CPU thread outside a worker (nvImageCodec's CPU
+# threads, or Pillow on the stage's thread): the pipeline's cost per image
+# from the same file (2,505 us), decode and crop together; no cheaper
+# figure for the decode alone has been measured.
+CPU_DECODE_US_PER_IMAGE = 2_505.0
+ENCODED_BYTES = 110_000  # the set's files: 109 KB on average (same file)
+# The stage thread's host work per image with the GIL held, besides the
+# library's own decode call: the code as it is today, 55 to 90 us (decode
+# source 9.2 us, from_dlpack and permute about 6, _resize 24 to 55, timed
+# on the CPU with the same calls); the batched stage's target, at most 15.
+STAGE_HOST_US_TODAY = (55.0, 90.0)
+STAGE_HOST_US_BATCHED = 15.0
+
+# nvImageCodec's CPU threads when the code leaves max_num_cpu_threads at
+# 0: one per CPU core (its Decoder's documentation).
+NVIMGCODEC_THREADS = H200_CORES
+
+# ------------------------------------------------------------- assumed
+
+# The JPEG engines' rate on the bench's files, all engines together, low
+# and middle: NVIDIA's A100 figure through DALI, about 7,000 images/s with
+# a quarter of the files on the hybrid decoder (5,000 on the hardware
+# alone); and torchvision's 7,800 on an A100 (551 x 676 images, pytorch/
+# vision PR #8496) times the H200's 7 NVJPG engines over the A100's 5. No
+# figure for the H200 is measured yet: gpu_check.sh's engine part does.
+ENGINE_RATES = (7_000.0, 10_900.0)
+# The decode call's own host work per image before the engines start on a
+# batch (parse the headers, stage the bitstreams): nvImageCodec's hardware
+# path waits for its previous batch (cudaEventSynchronize) before it
+# submits the next, so with one Decoder the engines idle this long per
+# batch. An assumption until gpu_check.sh times the calling thread.
+SUBMIT_US_PER_IMAGE = 10.0
+# The stage's kernels on the SMs per image (crop, resize, flip, normalize,
+# cast, batched): about 0.9 MB moved at a tenth of the H200's 4.8 TB/s.
+POST_US_PER_IMAGE = 2.0
+# The loop's share when the stage has a thread of its own: take the batch,
+# make its stream wait on the batch's event.
+HAND_OUT_US_PER_BATCH = 50.0
+# Host-to-device copies from page-locked memory, as the torch stand-in has
+# them (PCIe 4.0 x16).
+COPY_BYTES_PER_S = gpu_model.COPY_BYTES_PER_S
+# The loop thread's CPU per step holds the GIL throughout: an upper bound
+# (torch lets go of it inside its calls; how much of the 5.6 ms that is
+# has not been measured).
+LOOP_GIL_SHARE = 1.0
 
 
 def _mean(pair: tuple[float, float]) -> float:
     return (pair[0] + pair[1]) / 2
 
 
-def h200_step_ms(model: str) -> tuple[float, float]:
-    """(GPU ms, launch ms) of one step on the H200: the ceiling's step time
-    (one batch reused: the GPU's alone) and its loop thread's CPU."""
-    return BATCH / _mean(H200_CEILING[model]) * 1e3, _mean(H200_LOOP_CPU_MS[model])
+def step_gpu_ms(model: str) -> float:
+    """The step's GPU time on the H200: its ceiling's step."""
+    return BATCH / _mean(H200_CEILING[model]) * 1e3
 
 
-# ------------------------------------------------------- the decode stage
-
-# The GPU's JPEG decoder, images/s: torchvision's batched
-# decode_jpeg(device="cuda") decoded 1,000 images of 551 x 676 in 128 ms on
-# one A100, about 7,800 a second (pytorch/vision PR #8496). Neither backend
-# has a published figure on Hopper; nvImageCodec drives the same nvJPEG
-# hardware engine, so both take this rate until gpu_check.sh measures them.
-DECODE_IMAGES_PER_S = 7_800.0
-# That figure's pixels per image: a rate in pixels would give the bench's
-# smaller files (0.19 MP on average, benchmarks/results/jpeg-set-*) about
-# twice as many images a second; the rows scaled so say so.
-DECODE_REFERENCE_MP = 551 * 676 / 1e6
-SET_MEAN_MP = 0.193
-# Resize with antialiasing, flip, normalize, bf16, channels_last: kernels on
-# the SMs, per image. An assumption: about 0.6 MB read and 0.3 MB written
-# per image at a tenth of the H200's 4.8 TB/s is 2 us; gpu_check.sh prints
-# the stage's GPU time per batch.
-POST_US_PER_IMAGE = 2.0
-# The backend call's CPU on the calling thread per image (parsing the
-# headers, queueing the decode): an assumption until measured.
-HOST_US_PER_IMAGE = 20.0
-# A worker's CPU per image when it only reads the file, its header and
-# draws the box and flip (fastq.vision's encoded sample): 85 us on the
-# 2-vCPU AMD machine where the bench's PIL pipeline took 2,505 us
-# (benchmarks/results/jpeg-set-2core-amd.txt); the same share of the H200
-# host's 1/390 s.
-WORKER_SHARE_OF_DECODE = 85 / 2505
-# Files the hardware engine does not take (progressive, grayscale: 2% each
-# in the bench's set), decoded per image on the CPU as the pipeline does.
-OTHER_SHARE = 0.04
-# The encoded bytes copied to the device: 110 KB a file on average.
-ENCODED_BYTES = 110_000
-
-
-def worker_s_per_batch(batch: int, fallback: bool = True) -> float:
-    """A worker's time for a batch when the GPU decodes: read, header and
-    box for every file, and (``fallback``) the pipeline's CPU decode for
-    the files the engine does not take (which the workers have the CPU
-    for)."""
-    decode = OTHER_SHARE * (1 - WORKER_SHARE_OF_DECODE) if fallback else 0.0
-    return batch * (WORKER_SHARE_OF_DECODE + decode) / CPU_DECODE_PER_WORKER
-
-
-@dataclass(frozen=True)
-class Backend:
-    """A decoder as the model sees it: the engine's rate, and whether its
-    call waits for the decode on the calling thread (torchvision's
-    decode_jpeg synchronizes its own stream) or takes a stream
-    (nvImageCodec)."""
-
-    name: str
-    blocking: bool
-    images_per_s: float = DECODE_IMAGES_PER_S
-
-
-BACKENDS = {
-    "nvImageCodec": Backend("nvImageCodec", blocking=False),
-    "torchvision": Backend("torchvision", blocking=True),
-}
-
-# Where the stage's work runs: a thread of its own (NOTE [ The decode
-# stage's thread ] in fastq/torch/_decode_thread.py), or, as before it, the
-# loop's thread (kept as a row to compare).
-STAGE_THREAD = "stage thread"
-LOOP_THREAD = "loop thread"
-# The loop's share when the stage has a thread of its own: take the decoded
-# batch from the queue, make the stream wait on its event, record the
-# output's use on it; a few dozen us a batch, an assumption.
-HAND_OUT_US_PER_BATCH = 50.0
-
-
-@dataclass(frozen=True)
-class Prediction:
-    model: str
-    row: str
-    engine_images_per_s: float | None  # None: the workers decode
-    fallback: str  # where files the engine does not take are decoded
-    images_per_s: float
-    of_ceiling: float
-    bound_by: str  # the resource that sets the rate
-    costs_ms: dict[str, float]  # per step, each resource
+def step_cpu_ms(model: str) -> float:
+    """The loop thread's CPU per step on the H200 (the ceiling's)."""
+    return _mean(H200_LOOP_CPU_MS[model])
 
 
 def ceiling(model: str) -> float:
     """The modelled ceiling, images/s: the H200's step time alone."""
-    return BATCH / h200_step_ms(model)[0] * 1e3
+    return BATCH / step_gpu_ms(model) * 1e3
 
 
-def predict_today(model: str, per_worker: float = CPU_DECODE_PER_WORKER) -> Prediction:
-    """Today's loaders (the workers decode): the slower of the workers and
-    the GPU's step."""
-    gpu_ms, launch_ms = h200_step_ms(model)
-    costs = {
-        "GPU compute": gpu_ms,
-        "workers": BATCH / (WORKERS * per_worker) * 1e3,
-        "loop thread": launch_ms,
-    }
-    return _steady(model, "workers decode (today)", None, "workers", costs)
+def worker_us(loader: str) -> float:
+    """A worker's CPU per image decoding the pipeline on the H200's host."""
+    return WORKER_US_PER_IMAGE[loader] * XEON_OVER_AMD
 
 
-def predict_gpu_decode(
-    model: str,
-    backend: Backend,
-    *,
-    stage: str = STAGE_THREAD,
-    fallback: str = "workers",
-    engine_images_per_s: float | None = None,
-) -> Prediction:
-    """The GPU decodes: the steady state is the slowest of the resources a
-    step uses. Each one's cost per step, in ms: the SMs (the step and the
-    stage's kernels), the decode engine, the copy engine (the encoded
-    bytes), the workers (read, header, box; and the files the engine does
-    not take, if ``fallback`` is "workers"), the thread the stage runs on
-    (``stage``: the backend call, the decode itself where the call blocks
-    it, the files the engine does not take if ``fallback`` names it), and
-    the loop's thread (the step's launches, and the stage's work where
-    ``stage`` is the loop's thread; else the hand-out alone)."""
-    gpu_ms, launch_ms = h200_step_ms(model)
-    rate = backend.images_per_s if engine_images_per_s is None else engine_images_per_s
-    decode_ms = BATCH * (1 - OTHER_SHARE) / rate * 1e3
-    fallback_ms = BATCH * OTHER_SHARE / CPU_DECODE_PER_WORKER * 1e3
-    stage_ms = BATCH * HOST_US_PER_IMAGE / 1e3
-    worker_ms = worker_s_per_batch(BATCH, fallback == "workers") * 1e3
-    if fallback != "workers":
-        stage_ms += fallback_ms
-    if backend.blocking:
-        stage_ms += decode_ms
-    costs = {
-        "GPU compute": gpu_ms + BATCH * POST_US_PER_IMAGE / 1e3,
-        "decode engine": decode_ms,
-        "copy engine": BATCH * ENCODED_BYTES / COPY_BYTES_PER_S * 1e3,
-        "workers": worker_ms / WORKERS,
-    }
-    if stage == LOOP_THREAD:
-        costs["loop thread"] = launch_ms + stage_ms
-        row = f"GPU decode, {backend.name}, stage on the loop thread (before)"
-    else:
-        costs["loop thread"] = launch_ms + HAND_OUT_US_PER_BATCH / 1e3
-        costs["stage thread"] = stage_ms
-        row = f"GPU decode, {backend.name}"
-    return _steady(model, row, rate, fallback, costs)
+@dataclass(frozen=True)
+class Stage:
+    """How a GPU-decode row decodes: the backend, the stage's host cost,
+    the decoders, and where the second source of capacity is.
+
+    ``backend`` "nvimgcodec" takes a stream and returns once its batch is
+    submitted (the files the engine does not take go to its CPU threads
+    inside the same call); "torchvision" waits for its decode on the
+    stage's thread, and the files the engine does not take are decoded
+    with Pillow on that thread. ``worker_share`` of the samples reach the
+    stage decoded to pixels by the workers; ``hybrid_share`` of the files
+    the engine would take go to ``cpu_threads`` of nvImageCodec's CPU
+    decoding instead."""
+
+    name: str
+    backend: str = "nvimgcodec"
+    host_us: float = STAGE_HOST_US_BATCHED
+    decoders: int = 1
+    submit_us: float = SUBMIT_US_PER_IMAGE
+    worker_share: float = 0.0
+    hybrid_share: float = 0.0
+    cpu_threads: int = NVIMGCODEC_THREADS
+
+    def but(self, **changes: object) -> Stage:
+        return replace(self, **changes)  # type: ignore[arg-type]
 
 
-def _steady(
-    model: str,
-    row: str,
-    rate: float | None,
-    fallback: str,
-    costs: dict[str, float],
-) -> Prediction:
-    bound = max(costs, key=lambda k: costs[k])
-    images = BATCH / costs[bound] * 1e3
-    return Prediction(
-        model, row, rate, fallback, images, images / ceiling(model), bound, costs
-    )
-
-
-def scaled_rate(rate: float = DECODE_IMAGES_PER_S) -> float:
-    """The engine's rate in images/s of the bench's set if it decodes a
-    constant number of pixels a second."""
-    return rate * DECODE_REFERENCE_MP / SET_MEAN_MP
-
-
-def predictions(models: tuple[str, ...] = ("resnet18", "resnet50")) -> list[Prediction]:
-    """Every row the case prints: the stage on its own thread, the files
-    the engine does not take decoded by the workers or on the stage's
-    thread; and, to compare, the stage on the loop's thread as before."""
-    rows: list[Prediction] = []
-    nvimgcodec = BACKENDS["nvImageCodec"]
-    for model in models:
-        rows.append(predict_today(model))
-        for backend in BACKENDS.values():
-            rows.append(predict_gpu_decode(model, backend))
-        rows.append(predict_gpu_decode(model, nvimgcodec, fallback=STAGE_THREAD))
-        for backend in BACKENDS.values():
-            rows.append(predict_gpu_decode(model, backend, stage=LOOP_THREAD))
-        rows.append(
-            predict_gpu_decode(
-                model, nvimgcodec, stage=LOOP_THREAD, fallback=LOOP_THREAD
-            )
-        )
-        for backend in BACKENDS.values():
-            rows.append(
-                predict_gpu_decode(model, backend, engine_images_per_s=scaled_rate())
-            )
-    return rows
-
-
-INTRO = (
-    "The decode stage on the model, in closed form (fastq/_bench/"
-    "decode_model.py): calibrated to the H200's figures (step {r18:.1f} ms "
-    "ResNet-18, {r50:.1f} ms ResNet-50; 15 workers decoding 390 JPEGs/s "
-    "each); the decode engine at {rate:,.0f} images/s (torchvision's batched "
-    "nvJPEG on an A100, pytorch/vision PR #8496) or scaled to the set's "
-    "pixels ({scaled:,.0f}/s); stage kernels {post:g} us/image on the SMs, "
-    "backend call {host:g} us/image on the stage's thread, {hand:g} us a "
-    "batch on the loop's to hand a batch out, {other:.0%} of files decoded "
-    "on a CPU. A model, not a GPU's measurement"
-)
-
-
-def intro() -> str:
-    return INTRO.format(
-        r18=h200_step_ms("resnet18")[0],
-        r50=h200_step_ms("resnet50")[0],
-        rate=DECODE_IMAGES_PER_S,
-        scaled=scaled_rate(),
-        post=POST_US_PER_IMAGE,
-        host=HOST_US_PER_IMAGE,
-        hand=HAND_OUT_US_PER_BATCH,
-        other=OTHER_SHARE,
-    )
-
-
-def table(rows: list[Prediction] | None = None) -> str:
-    lines = [
-        "| model | row | engine images/s | fallback files on | images/s | "
-        "of the ceiling | bound by |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for p in predictions() if rows is None else rows:
-        rate = "-" if p.engine_images_per_s is None else f"{p.engine_images_per_s:,.0f}"
-        lines.append(
-            f"| {p.model} | {p.row} | {rate} | {p.fallback} | "
-            f"{p.images_per_s:,.0f} | {p.of_ceiling:.2f} | {p.bound_by} |"
-        )
-    return "\n".join(lines)
+def balanced_worker_share(
+    engine_rate: float, loader: str = "fastq.torch.DataLoader"
+) -> float:
+    """The share of samples the workers decode to pixels for the engines and
+    the workers to run out together: X (1 - s)(1 - other) = engine_rate
+    and X (s pixel + (1 - s) encoded) = WORKERS seconds a second. What a
+    default following the measurements picks, from the rates alone."""
+    pixel = worker_us(loader) / 1e6
+    encoded = ENCODED_US_PER_IMAGE * XEON_OVER_AMD / 1e6
+    room = WORKERS * (1 - OTHER_SHARE)
+    share = (room - engine_rate * encoded) / (engine_rate * (pixel - encoded) + room)
+    return min(1.0, max(0.0, share))

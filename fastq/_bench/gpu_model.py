@@ -2,7 +2,9 @@
 fastq and torch's DataLoader use it (streams, events, cudaHostRegister,
 page-locked blocks, ``non_blocking`` copies), so that the pinned path can be
 measured on a machine without a GPU, against the same code that runs on
-one.
+one. It runs in wall time, so it shows behaviour (who waits for the GPU,
+which copies are staged), not figures: the gpu-model case's figures come
+from the simulation in fastq/_bench/gpu_timeline.py.
 
 What it models, and what it assumes (docs/performance.md lists these beside
 the figures):

@@ -1,448 +1,435 @@
-"""`python -m fastq bench --case gpu-model`: the training benchmark's GPU
-loop on the GPU-timeline model (fastq/_bench/gpu_model.py), so that the
-pinned path is measured on any machine.
+"""The training loop behind `python -m fastq bench --case gpu-model`
+(fastq/_bench/gpu_model_case.py): an H200 with a 16-vCPU host, simulated
+(fastq/_bench/event_sim.py), so that its figures depend on its inputs
+(fastq/_bench/decode_model.py) and never on the machine that computes them.
 
-Each loader feeds a step shaped like a measured one: its copies to the
-device (``non_blocking``, ``pin_memory=True``), then the step's kernels,
-launched from the loop's thread (launch time there) and run on the model
-GPU (GPU time there). Workers make batches at a set rate (a sleep per
-batch, then the real collate into the loader's memory), so a step is
-GPU-bound or input-bound as its shape says. Each loader runs in a fresh
-interpreter (`python -m fastq._bench.gpu_timeline JOB`), the JOB a Config as
-JSON; the Run comes back as JSON on the last line of standard output."""
+What is simulated, each a resource that work waits for and holds:
+
+- the GIL, one for the loop's thread and the decode stage's thread: the
+  loop's CPU per step and the stage's host work per image hold it (and a
+  core) in slices, as two threads trading it do;
+- the host's cores: the workers' processes, nvImageCodec's CPU threads,
+  Pillow on the stage's thread, and the two Python threads share them;
+- the JPEG engines (all together, at the row's rate), the SMs (the step's
+  kernels and the stage's), the copy engine (the encoded bytes, and the
+  pixels decoded on a CPU);
+- a stream per decoder: with one Decoder, nvImageCodec's hardware path
+  waits for its previous batch before it submits the next, so the engines
+  idle while a batch is submitted; two Decoders in turn each wait only for
+  their own.
+
+The loop runs ahead of the GPU by the launch queue (LAUNCH_AHEAD pieces of
+steps). A row's images/s is what the GPU finishes over the measured steps;
+each resource's busy share over the same span says what bounds it.
+"""
 
 from __future__ import annotations
 
-import statistics
-import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from . import decode_model as dm
+from .event_sim import Event, Process, Queue, Resource, Simulation
 
-from . import decode_model
-from .fresh import run_in_turn, run_job, serve_job
-from .train_loop import close_loader, epochs, repeat
-
-# The GPU-decode rows: fastq.torch.DataLoader's batches of encoded bytes
-# go to the decode stage of decode_model, which runs on a thread of its own
-# (as fastq.torch's does) and on the model's JPEG engine, with each
-# backend's way of calling it. The files the engine does not take are
-# decoded with Pillow by the workers, or (the last row) on the stage's
-# thread.
-FALLBACK_ON_STAGE = "GPU decode: nvImageCodec, Pillow files on the stage's thread"
-DECODE_LOADERS = (
-    "GPU decode: nvImageCodec",
-    "GPU decode: torchvision",
-    FALLBACK_ON_STAGE,
-)
-# Decoded batches the stage keeps ready ahead of the loop (fastq.torch's
-# DECODE_LOOKAHEAD).
-LOOKAHEAD = 2
-LOADERS = (
-    "DataLoader",
-    "fastq.torch.DataLoader",
-    "TorchPrefetcher",
-    *DECODE_LOADERS,
-    "ceiling",
-)
+# A step's CPU and GPU work in this many pieces, each piece's kernels
+# launched after its share of the loop's CPU.
+PIECES = 16
+# CUDA's launch queue (1,024 kernels) over ResNet-18's ~200 kernels a step:
+# about five steps ahead.
+LAUNCH_AHEAD = 5 * PIECES
+# Work that holds the GIL is done in slices of at most this much, the GIL
+# passing to the other thread between slices if it waits: torch's bindings
+# let go of it inside each op's call, so hand-overs are finer than
+# CPython's switch interval (5 ms, the worst). Coarser slices favour the
+# stage as it is today (fewer hand-overs, docs/performance.md gives how
+# much). A thread holding the GIL that waits for a core keeps it, as one
+# the kernel has descheduled does.
+GIL_SLICE_S = 0.5e-3
+# A process's or a thread's CPU work without the GIL, in slices a core is
+# held for, as the kernel's scheduler shares cores among runnable threads.
+CPU_SLICE_S = 4e-3
+# A resource this busy over the measured steps is what bounds the row.
+BOUND_SHARE = 0.95
+LOOKAHEAD = 2  # decoded batches the stage keeps ready (fastq.torch's)
+RING_BATCHES = 2 * dm.WORKERS  # batches the workers may be ahead
+CEILING = "ceiling"
+CPU_LOADERS = ("DataLoader", "fastq.torch.DataLoader")
+GPU_DECODE = "GPU decode"
 
 
 @dataclass(frozen=True)
-class Shape:
-    """A step as measured on the H200 (python -m fastq bench --case train,
-    bf16, channels_last, batch 128; decode_model's calibration): GPU time
-    (the ceiling's step), and the loop thread's launch time, per step."""
+class Row:
+    """One simulated run: the model's step, who decodes (``loader``: the
+    ceiling, a CPU loader, or GPU_DECODE with ``stage``), at ``engine_rate``
+    images/s of the JPEG engines."""
 
-    gpu_ms: float
-    launch_ms: float
-    kernels: int  # launches per step: the launch queue holds 1024 of them
-
-
-def _h200(model: str, kernels: int) -> Shape:
-    gpu_ms, launch_ms = decode_model.h200_step_ms(model)
-    return Shape(gpu_ms=gpu_ms, launch_ms=launch_ms, kernels=kernels)
-
-
-# Kernels per step: launch time at about 35 us per launch, PyTorch's
-# dispatch and CUDA's launch together (measured on an H100: ResNet-50 19 ms
-# of launches, ResNet-18 7 ms).
-SHAPES = {"resnet50": _h200("resnet50", 540), "resnet18": _h200("resnet18", 200)}
-# CUDA's launch queue, in kernels: the loop runs this far ahead of the GPU.
-LAUNCH_QUEUE = 1024
-# A step's kernels are launched in this many pieces (the model's grain).
-PIECES = 16
-# The measured loaders' input rate: 15 workers decoding about 390 JPEGs/s
-# each on the H200's host.
-WORKERS = decode_model.WORKERS
-INPUT_IMAGES_PER_S = WORKERS * decode_model.CPU_DECODE_PER_WORKER
-# The encoded bytes of an image, a quarter of the set's 110 KB as the
-# decoded image is a quarter of the measured one (112-pixel side): a 2-core
-# machine's memcpy then bounds no loader.
-ENCODED_BYTES = decode_model.ENCODED_BYTES // 4
-
-
-@dataclass
-class Config:
-    loader: str
     model: str
-    batch_size: int = 128
-    # Half the measured side: a 2-core machine's memcpy then bounds no
-    # loader (the copies' share of the GPU's time is small at either size).
-    image_size: int = 112
-    workers: int = WORKERS
-    images_per_s: float = INPUT_IMAGES_PER_S  # all workers together
-    # The warm-up drains what the loaders made before the loop began (up to
-    # two batches a worker, and fastq's ring), so that the measured steps
-    # run at the workers' steady rate.
-    steps: int = 150
-    warmup: int = 60
-    # The GPU-decode rows: the JPEG engine's rate.
-    decode_images_per_s: float = decode_model.DECODE_IMAGES_PER_S
+    loader: str
+    stage: dm.Stage | None = None
+    engine_rate: float | None = None
+    steps: int = 160
+    warmup: int = 40
+
+    @property
+    def name(self) -> str:
+        if self.stage is not None:
+            return f"{GPU_DECODE}, {self.stage.name}"
+        if self.loader == CEILING:
+            return "ceiling: one batch, reused"
+        return f"{self.loader} (the workers decode with Pillow)"
 
 
 @dataclass
-class Run:
-    config: Config
-    images_per_s: float = 0.0
-    wait_share: float = 0.0
-    loop_cpu_ms: float = 0.0  # the loop thread's CPU per step (launches are sleeps)
-    # The loop thread's waits for the GPU during the measured steps, other
-    # than for room in the launch queue (which is running ahead, not
-    # waiting): a synchronize, a blocking copy.
-    loop_gpu_waits: int = 0
-    pinned: dict[str, Any] | None = None  # fastq's stats()["pinned"]
-    # The GPU-decode rows: the decode engine's share of the measured time.
-    engine_busy: float = 0.0
-    host_bytes: int = 0  # page-locked blocks the caching allocator made
-    bad_batches: int = 0
-    error: str | None = None
+class Result:
+    row: Row
+    images_per_s: float
+    of_ceiling: float
+    busy: dict[str, float]  # each resource's busy share over the measured steps
+    bound_by: str
+    engine_idle_ms_per_batch: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Host:
+    """The resources of one run, and the work that holds them."""
+
+    def __init__(self, threads: int) -> None:
+        self.sim = Simulation()
+        self.gil = Resource(self.sim, "GIL")
+        self.cores = Resource(self.sim, "cores", dm.H200_CORES)
+        self.engines = Resource(self.sim, "JPEG engines")
+        self.sms = Resource(self.sim, "SMs")
+        self.copy = Resource(self.sim, "copy engine")
+        self.cpu_threads = Resource(self.sim, "nvImageCodec threads", threads)
+        self.cpu_s: dict[str, float] = {}  # CPU seconds by who did them
+
+    def work(self, who: str, seconds: float, gil: bool) -> Process:
+        """``seconds`` of CPU on a core, holding the GIL if ``gil``."""
+        piece = GIL_SLICE_S if gil else CPU_SLICE_S
+        left = seconds
+        while left > 1e-12:
+            s = min(piece, left)
+            if gil:
+                asked = self.sim.now
+                yield self.gil.request()
+                waited = f"{who} waits for the GIL"
+                self.cpu_s[waited] = self.cpu_s.get(waited, 0.0) + self.sim.now - asked
+            yield self.cores.request()
+            yield self.sim.timeout(s)
+            self.cores.release()
+            if gil:
+                self.gil.release()
+            self.cpu_s[who] = self.cpu_s.get(who, 0.0) + s
+            left -= s
+
+
+class Stream:
+    """A CUDA stream: its items run in order, each on a resource once the
+    one before it is done and the events it was told to wait for have
+    happened. ``launch`` returns the item's done event (its value: when)."""
+
+    def __init__(self, host: Host, resource: Resource) -> None:
+        self.host = host
+        self.resource = resource
+        self.tail: Event | None = None
+
+    def launch(self, seconds: float, after: Sequence[Event | None] = ()) -> Event:
+        sim = self.host.sim
+        done = sim.event()
+        waits = [e for e in (self.tail, *after) if e is not None]
+
+        def item() -> Process:
+            for e in waits:  # noqa: UP028 (each resumes with a value, sent in)
+                yield e
+            yield from self.resource.hold(seconds)
+            done.succeed(sim.now)
+
+        sim.process(item())
+        self.tail = done
+        return done
+
+
+class _Held:
+    """The ceiling's source: the same batch, always there."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def get(self) -> Event:
+        return self.sim.event().succeed(None)
+
+
+def _workers(host: Host, ring: Queue, us_per_batch: float) -> None:
+    def worker(k: int) -> Process:
+        while True:
+            yield from host.work("workers", us_per_batch / 1e6, gil=False)
+            yield ring.put(k)
+
+    for k in range(dm.WORKERS):
+        host.sim.process(worker(k))
+
+
+def _cpu_loader(host: Host, row: Row) -> Queue:
+    """The workers decode; the loop's batch is copied from the pinned ring."""
+    ring = Queue(host.sim, RING_BATCHES)
+    _workers(host, ring, dm.BATCH * dm.worker_us(row.loader))
+    ready = Queue(host.sim, 1)
+    copies = Stream(host, host.copy)
+
+    def copier() -> Process:
+        while True:
+            yield ring.get()
+            yield ready.put(
+                copies.launch(dm.BATCH * dm.IMAGE_BYTES / dm.COPY_BYTES_PER_S)
+            )
+
+    host.sim.process(copier())
+    return ready
+
+
+@dataclass
+class Split:
+    """Where a batch's images go, on average."""
+
+    pixels: float  # decoded by the workers
+    hardware: float  # to the engines
+    cpu: float  # to nvImageCodec's CPU threads, or Pillow on the stage thread
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Run:
-        return cls(**{**data, "config": Config(**data["config"])})
+    def of(cls, stage: dm.Stage) -> Split:
+        pixels = dm.BATCH * stage.worker_share
+        encoded = dm.BATCH - pixels
+        other = encoded * dm.OTHER_SHARE
+        takes = encoded - other
+        hybrid = takes * stage.hybrid_share if stage.backend == "nvimgcodec" else 0.0
+        return cls(pixels, takes - hybrid, other + hybrid)
 
 
-class Timed:
-    """Map-style dataset: sample i is (``sample``, i's label, i), where
-    ``sample`` is a uint8 image or a file's encoded bytes; a batch of them
-    takes ``batch_s`` in its worker (``__getitems__``, which torch's
-    fetcher and fastq's both call), then is collated for real."""
-
-    def __init__(self, n: int, sample: np.ndarray[Any, Any], batch_s: float) -> None:
-        self.n = n
-        self.sample = sample
-        self.batch_s = batch_s
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> tuple[Any, np.int64, np.int64]:
-        return self.sample, np.int64(i % 1000), np.int64(i)
-
-    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        time.sleep(self.batch_s)
-        return [self[i] for i in indices]
-
-
-def measure(cfg: Config) -> Run:
-    """Runs cfg's loader under the modelled step in this process."""
-    from .gpu_model import install
-
-    shape = SHAPES[cfg.model]
-    gpu = install(LAUNCH_QUEUE * PIECES // shape.kernels)
-    import torch
-
-    device = torch.device("cuda", 0)
-    epoch = cfg.batch_size * (cfg.warmup + cfg.steps + 2 * cfg.workers + 8)
-    decoding = cfg.loader in DECODE_LOADERS
-    if decoding:
-        sample = np.zeros(ENCODED_BYTES, dtype=np.uint8)
-        batch_s = decode_model.worker_s_per_batch(
-            cfg.batch_size, fallback=cfg.loader != FALLBACK_ON_STAGE
-        )
+def capacities(row: Row) -> dict[str, float]:
+    """Each resource's images/s if it were the only limit, in closed form:
+    what no simulated row may pass (the simulation adds the waits between
+    them)."""
+    batch = dm.BATCH
+    loop_s = dm.step_cpu_ms(row.model) / 1e3
+    hand_out = dm.HAND_OUT_US_PER_BATCH / 1e6 if row.loader != CEILING else 0.0
+    gpu_s = dm.step_gpu_ms(row.model) / 1e3
+    gil_s = loop_s * dm.LOOP_GIL_SHARE + hand_out  # a batch's GIL seconds
+    cpu_s = loop_s + hand_out  # a batch's CPU seconds, all threads
+    worker_s = 0.0
+    caps: dict[str, float] = {}
+    stage = row.stage
+    if stage is None:
+        if row.loader in CPU_LOADERS:
+            worker_s = batch * dm.worker_us(row.loader) / 1e6
     else:
-        sample = np.zeros((3, cfg.image_size, cfg.image_size), dtype=np.uint8)
-        batch_s = cfg.workers * cfg.batch_size / cfg.images_per_s
-    dataset = Timed(epoch, sample, batch_s)
-    loader, batches = _open(cfg, dataset, device)
-    engine = None
-    if decoding:
-        engine = gpu.jpeg_engine(cfg.decode_images_per_s)
-        batches = _decoded(cfg, gpu, engine, batches, device)
-    launch_s = shape.launch_ms / 1e3 / PIECES
-    gpu_s = shape.gpu_ms / 1e3 / PIECES
-    stream = gpu.default
-
-    def step(images: Any, labels: Any) -> None:
-        if images.device.type == "cpu":
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-        for _ in range(PIECES):
-            time.sleep(launch_s)
-            gpu.launch(stream, gpu_s)
-
-    run = Run(cfg)
-    waited = cpu = 0.0
-    start = time.perf_counter()
-    expected = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
-    busy0 = 0.0
-    for i in range(cfg.warmup + cfg.steps):
-        if i == cfg.warmup:
-            gpu.synchronize()
-            syncs0 = gpu.waits["MainThread sync"][0]
-            busy0 = 0.0 if engine is None else engine.busy_s
-            waited = cpu = 0.0
-            start = time.perf_counter()
-        c0 = time.thread_time()
-        w0 = time.perf_counter()
-        images, labels, _ = next(batches)
-        w1 = time.perf_counter()
-        if tuple(images.shape) != expected:
-            run.bad_batches += 1
-        step(images, labels)
-        del images, labels, _
-        if i >= cfg.warmup:
-            waited += w1 - w0
-            cpu += time.thread_time() - c0
-    run.loop_gpu_waits = int(gpu.waits["MainThread sync"][0] - syncs0)
-    gpu.synchronize()  # the bench's own, as the real one's
-    elapsed = time.perf_counter() - start
-    run.images_per_s = cfg.steps * cfg.batch_size / elapsed
-    run.wait_share = waited / elapsed
-    run.loop_cpu_ms = cpu / cfg.steps * 1e3
-    if engine is not None:
-        run.engine_busy = (engine.busy_s - busy0) / elapsed
-    stats = getattr(loader, "stats", None)
-    if stats is not None:
-        run.pinned = stats().get("pinned")
-    run.host_bytes = gpu.host_bytes
-    batches.close()
-    close_loader(loader)
-    return run
+        split = Split.of(stage)
+        host_s = batch * stage.host_us / 1e6
+        gil_s += host_s
+        cpu_s += host_s + split.hardware * stage.submit_us / 1e6
+        cpu_s += split.cpu * dm.CPU_DECODE_US_PER_IMAGE / 1e6
+        worker_s = (
+            split.pixels * dm.worker_us("fastq.torch.DataLoader")
+            + (batch - split.pixels) * dm.ENCODED_US_PER_IMAGE * dm.XEON_OVER_AMD
+        ) / 1e6
+        gpu_s += batch * dm.POST_US_PER_IMAGE / 1e6
+        if split.hardware and row.engine_rate:
+            caps["JPEG engines"] = batch * row.engine_rate / split.hardware
+    caps["SMs"] = batch / gpu_s
+    caps["GIL"] = batch / gil_s
+    caps["cores"] = batch * dm.H200_CORES / (cpu_s + worker_s)
+    if worker_s:
+        caps["workers"] = batch * dm.WORKERS / worker_s
+    return caps
 
 
-def _decoded(
-    cfg: Config, gpu: Any, engine: Any, batches: Any, device: Any
-) -> Iterator[Any]:
-    """The decode stage on the model, on a thread of its own that keeps
-    LOOKAHEAD decoded batches ready: per batch, the encoded bytes copied on
-    the stage's stream, the backend's call (and the Pillow files where
-    they are its), the engine's decode after the copy (waited for on that
-    thread where the backend blocks), the stage's kernels on its stream
-    after the decode, an event. The loop's thread takes each batch and
-    makes its stream wait for the event. Yields the decoded batch as device
-    tensors."""
-    import queue
-    import threading
-
-    import torch
-
-    backend = decode_model.BACKENDS[cfg.loader.split(": ", 1)[1].split(",")[0]]
-    stream = gpu.new_stream()
-    host_s = cfg.batch_size * decode_model.HOST_US_PER_IMAGE / 1e6
-    post_s = cfg.batch_size * decode_model.POST_US_PER_IMAGE / 1e6
-    engine_images = round(cfg.batch_size * (1 - decode_model.OTHER_SHARE))
-    if cfg.loader == FALLBACK_ON_STAGE:
-        host_s += (cfg.batch_size - engine_images) / decode_model.CPU_DECODE_PER_WORKER
-    shape = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
-    ready: queue.Queue[Any] = queue.Queue(LOOKAHEAD)
-    stop = threading.Event()
-
-    def decode_ahead() -> None:
-        with gpu.use_stream(stream):
-            for data, labels, _ in batches:
-                data.to(device, non_blocking=True)
-                copied = stream.record_event()
-                time.sleep(host_s)
-                done = engine.decode(engine_images, after=copied)
-                if backend.blocking:
-                    done.synchronize()
-                stream.wait_event(done)
-                gpu.launch(stream, post_s)
-                item = (stream.record_event(), labels)
-                while not stop.is_set():
-                    try:
-                        ready.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-        ready.put(None)
-
-    thread = threading.Thread(target=decode_ahead, name="stage", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = ready.get()
-            if item is None:
-                return
-            done, labels = item
-            gpu.default.wait_event(done)
-            yield torch.empty(shape, device="meta"), labels, None
-    finally:
-        stop.set()
-        thread.join()
-
-
-def _open(cfg: Config, dataset: Timed, device: Any) -> tuple[Any, Any]:
-    import torch
-    import torch.utils.data
-
-    if cfg.loader == "ceiling":
-        held = (
-            torch.empty(
-                (cfg.batch_size, 3, cfg.image_size, cfg.image_size), device="meta"
-            ),
-            torch.empty(cfg.batch_size, dtype=torch.int64, device="meta"),
-            None,
-        )
-        return None, repeat(held)
-    common: dict[str, Any] = {
-        "batch_size": cfg.batch_size,
-        "shuffle": True,
-        "drop_last": True,
-    }
-    loader: Any
-    if cfg.loader == "TorchPrefetcher":
-        from ..torch import TorchPrefetcher
-
-        loader = TorchPrefetcher(dataset, workers=cfg.workers, device=device, **common)
-    else:
-        if cfg.loader == "DataLoader":
-            cls: Any = torch.utils.data.DataLoader
-        elif cfg.loader in ("fastq.torch.DataLoader", *DECODE_LOADERS):
-            from ..torch import DataLoader as cls
-        else:
-            raise ValueError(f"loader={cfg.loader!r}: choose from {LOADERS}")
-        loader = cls(
-            dataset,
-            num_workers=cfg.workers,
-            persistent_workers=True,
-            pin_memory=True,
-            **common,
-        )
-    return loader, epochs(loader)
-
-
-# ------------------------------------------------------------ the case
-
-
-INTRO = (
-    "GPU-timeline model (fastq/_bench/gpu_model.py), calibrated to the "
-    "H200's figures: a step shaped like the H200's (ResNet-50: {r50:.1f} ms "
-    "on the GPU, {l50:.1f} ms of launches; ResNet-18: {r18:.1f} and {l18:.1f}), "
-    "launch queue of 1024 kernels, copies at 25 GB/s from page-locked memory, "
-    "pin_memory=True; 15 workers making {input:,.0f} images/s in all (128 x 3 "
-    "x 112 x 112 uint8 a batch). GPU decode rows: the workers read, parse and "
-    "draw boxes ({worker:.1f} ms a batch each), the stage decodes on a "
-    "thread of its own, {ahead} batches ahead, on a JPEG engine of "
-    "{rate:,.0f} images/s (nvImageCodec: on a stream; torchvision: the call "
-    "waits for it on the stage's thread); the loop's thread only takes each "
-    "batch and makes its stream wait; the files the engine does not take "
-    "({other:.0%}) decoded with Pillow by the workers, or on the stage's "
-    "thread in the last row. "
-    "150 steps after 60; medians of {repeats} run(s), each loader in a fresh "
-    "process. A model, not a GPU's measurement"
-)
-
-
-def intro(repeats: int) -> str:
-    return INTRO.format(
-        r50=SHAPES["resnet50"].gpu_ms,
-        l50=SHAPES["resnet50"].launch_ms,
-        r18=SHAPES["resnet18"].gpu_ms,
-        l18=SHAPES["resnet18"].launch_ms,
-        input=INPUT_IMAGES_PER_S,
-        worker=decode_model.worker_s_per_batch(128) * 1e3,
-        rate=decode_model.DECODE_IMAGES_PER_S,
-        ahead=LOOKAHEAD,
-        other=decode_model.OTHER_SHARE,
-        repeats=repeats,
+def _decode_stage(host: Host, row: Row) -> Queue:
+    """Workers send encoded files (and ``worker_share`` decoded); the
+    stage's thread decodes each batch and hands the loop its done event."""
+    stage = row.stage
+    assert stage is not None and row.engine_rate is not None
+    rate = row.engine_rate
+    split = Split.of(stage)
+    per_batch = (
+        split.pixels * dm.worker_us("fastq.torch.DataLoader")
+        + (dm.BATCH - split.pixels) * dm.ENCODED_US_PER_IMAGE * dm.XEON_OVER_AMD
     )
+    ring = Queue(host.sim, RING_BATCHES)
+    _workers(host, ring, per_batch)
+    ready = Queue(host.sim, LOOKAHEAD)
+    sim = host.sim
+    copies = Stream(host, host.copy)
+    post = Stream(host, host.sms)
+    decoders = [Stream(host, host.engines) for _ in range(stage.decoders)]
+    last: list[Event | None] = [None] * stage.decoders
 
+    def on_cpu_threads(images: float) -> Process:
+        """The call's files for the CPU, over its threads; returns when all
+        are decoded (the call returns then)."""
+        # A file is one thread's: a batch's few files take as many threads
+        # as there are files, each a whole file's time.
+        threads = min(stage.cpu_threads, math.ceil(images))
+        each = images / threads
+        jobs = []
+        for _ in range(threads):
 
-def plan(models: Sequence[str]) -> list[Config]:
-    return [Config(loader, model) for model in models for loader in LOADERS]
-
-
-def run_once(cfg: Config, timeout_s: float = 600.0) -> Run:
-    """One run in a fresh interpreter."""
-    return run_job(
-        "fastq._bench.gpu_timeline",
-        asdict(cfg),
-        Run.from_json,
-        lambda why: Run(cfg, error=why),
-        timeout_s,
-    )
-
-
-def run_all(
-    configs: Sequence[Config],
-    repeats: int,
-    progress: Callable[[Run], None] | None = None,
-) -> list[Run]:
-    """Every config ``repeats`` times, interleaved."""
-    return run_in_turn(configs, repeats, run_once, progress)
-
-
-def describe(r: Run) -> str:
-    c = r.config
-    if r.error:
-        return f"{c.model} {c.loader}: {r.error}"
-    return (
-        f"{c.model} {c.loader}: {r.images_per_s:,.0f} img/s, waits "
-        f"{r.wait_share:.0%}, loop CPU {r.loop_cpu_ms:.1f} ms/step, "
-        f"loop waits for the GPU {r.loop_gpu_waits}"
-        + (f", decode engine busy {r.engine_busy:.0%}" if r.engine_busy else "")
-    )
-
-
-def _median(runs: Sequence[Run], key: Callable[[Run], float]) -> float:
-    return statistics.median(key(r) for r in runs)
-
-
-def table(runs: Sequence[Run]) -> str:
-    """Medians per (model, loader), with ratios to the ceiling and to
-    DataLoader."""
-    by: dict[tuple[str, str], list[Run]] = {}
-    for r in runs:
-        if r.error is None:
-            by.setdefault((r.config.model, r.config.loader), []).append(r)
-    lines = [
-        "| model | loader | img/s | of the ceiling | x DataLoader | waits | "
-        "loop CPU ms/step | loop's GPU waits | most slots held for the GPU | "
-        "decode engine busy |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for model in dict.fromkeys(r.config.model for r in runs):
-        ceiling = by.get((model, "ceiling"))
-        base = by.get((model, "DataLoader"))
-        top = _median(ceiling, lambda r: r.images_per_s) if ceiling else float("nan")
-        dl = _median(base, lambda r: r.images_per_s) if base else float("nan")
-        for loader in LOADERS:
-            rs = by.get((model, loader))
-            if not rs:
-                continue
-            ips = _median(rs, lambda r: r.images_per_s)
-            held = [r.pinned["peak_device_held"] for r in rs if r.pinned]
-            lines.append(
-                f"| {model} | {loader} | {ips:,.0f} | {ips / top:.2f} | "
-                f"{ips / dl:.2f} | {_median(rs, lambda r: r.wait_share):.0%} | "
-                f"{_median(rs, lambda r: r.loop_cpu_ms):.1f} | "
-                f"{_median(rs, lambda r: r.loop_gpu_waits):.0f} | "
-                f"{max(held) if held else '-'} | "
-                + (
-                    f"{_median(rs, lambda r: r.engine_busy):.0%} |"
-                    if loader in DECODE_LOADERS
-                    else "- |"
+            def job() -> Process:
+                yield host.cpu_threads.request()
+                yield from host.work(
+                    "nvImageCodec threads",
+                    each * dm.CPU_DECODE_US_PER_IMAGE / 1e6,
+                    False,
                 )
+                host.cpu_threads.release()
+
+            jobs.append(sim.process(job()))
+        for j in jobs:  # noqa: UP028 (as above)
+            yield j
+
+    def phase(name: str, since: float) -> None:
+        key = f"stage: {name}"
+        host.cpu_s[key] = host.cpu_s.get(key, 0.0) + sim.now - since
+
+    def submit(decoder: Stream) -> Process:
+        """The decode call's own host work, then the batch's bytes copied
+        and decoded on the engines; returns the decode's done event."""
+        t = sim.now
+        yield from host.work("stage", split.hardware * stage.submit_us / 1e6, False)
+        phase("submits", t)
+        copied = copies.launch(split.hardware * dm.ENCODED_BYTES / dm.COPY_BYTES_PER_S)
+        return decoder.launch(split.hardware / rate, [copied])
+
+    def thread() -> Process:
+        k = 0
+        while True:
+            yield ring.get()
+            t = sim.now
+            yield from host.work("stage", dm.BATCH * stage.host_us / 1e6, gil=True)
+            phase("host work", t)
+            d = k % stage.decoders
+            t = sim.now
+            if stage.backend == "nvimgcodec":
+                previous = last[d]
+                if previous is not None:
+                    yield previous  # cudaEventSynchronize, without the GIL
+                phase("waits for its previous batch", t)
+                hw = yield from submit(decoders[d])
+                last[d] = hw
+                t = sim.now
+                if split.cpu:
+                    yield sim.process(on_cpu_threads(split.cpu))
+                phase("waits for the CPU threads", t)
+            else:  # torchvision: Pillow for the other files, then a blocking call
+                pillow_s = split.cpu * dm.CPU_DECODE_US_PER_IMAGE / 1e6
+                yield from host.work("stage", pillow_s, gil=False)
+                phase("Pillow", t)
+                hw = yield from submit(decoders[d])
+                t = sim.now
+                yield hw
+                phase("waits for the engines", t)
+            pixels = copies.launch(
+                (split.pixels + split.cpu) * dm.IMAGE_BYTES / dm.COPY_BYTES_PER_S
             )
-    return "\n".join(lines)
+            out = post.launch(dm.BATCH * dm.POST_US_PER_IMAGE / 1e6, [hw, pixels])
+            yield ready.put(out)
+            k += 1
+
+    sim.process(thread())
+    return ready
 
 
-if __name__ == "__main__":
-    sys.exit(serve_job(Config, measure))
+def simulate(row: Row) -> Result:
+    """Runs ``row`` to the end of its measured steps, in simulated time."""
+    stage = row.stage
+    host = Host(stage.cpu_threads if stage is not None else 1)
+    sim = host.sim
+    source: Any
+    if row.loader == CEILING:
+        source = _Held(sim)
+    elif row.loader in CPU_LOADERS:
+        source = _cpu_loader(host, row)
+    elif row.loader == GPU_DECODE:
+        source = _decode_stage(host, row)
+    else:
+        raise ValueError(
+            f"loader={row.loader!r}: choose from {(CEILING, *CPU_LOADERS, GPU_DECODE)}"
+        )
+    compute = Stream(host, host.sms)
+    gpu_s = dm.step_gpu_ms(row.model) / 1e3 / PIECES
+    cpu_s = dm.step_cpu_ms(row.model) / 1e3 / PIECES
+    hand_out = dm.HAND_OUT_US_PER_BATCH / 1e6 if row.loader != CEILING else 0.0
+    marks: dict[str, dict[str, float]] = {}
+    resources = (host.gil, host.cores, host.engines, host.sms, host.copy)
+
+    def mark(name: str) -> None:
+        marks[name] = {r.name: r.held_s() for r in resources}
+        marks[name].update({f"cpu {k}": v for k, v in host.cpu_s.items()})
+        marks[name]["at"] = sim.now
+
+    def loop() -> Process:
+        pending: deque[Event] = deque()
+        last: Event | None = None
+        for i in range(row.warmup + row.steps):
+            batch = yield source.get()
+            if i == row.warmup and last is not None:
+                # The measured span starts as the GPU ends the last warm-up
+                # step; the loop runs on meanwhile.
+                last.then(lambda e: mark("start"))
+            yield from host.work("loop", hand_out, gil=True)
+            for p in range(PIECES):
+                yield from host.work("loop", cpu_s * dm.LOOP_GIL_SHARE, gil=True)
+                yield from host.work("loop", cpu_s * (1 - dm.LOOP_GIL_SHARE), gil=False)
+                while len(pending) >= LAUNCH_AHEAD:
+                    yield pending.popleft()
+                last = compute.launch(gpu_s, [batch] if p == 0 else ())
+                pending.append(last)
+        assert last is not None
+        yield last
+        mark("end")
+
+    sim.run(sim.process(loop()))
+    a, b = marks["start"], marks["end"]
+    span = b["at"] - a["at"]
+    images_per_s = row.steps * dm.BATCH / span
+    busy = {
+        "GIL": (b["GIL"] - a["GIL"]) / span,
+        "cores": (b["cores"] - a["cores"]) / (span * dm.H200_CORES),
+        "JPEG engines": (b["JPEG engines"] - a["JPEG engines"]) / span,
+        "SMs": (b["SMs"] - a["SMs"]) / span,
+        "copy engine": (b["copy engine"] - a["copy engine"]) / span,
+        "workers": (b.get("cpu workers", 0) - a.get("cpu workers", 0))
+        / (span * dm.WORKERS),
+    }
+    phases = {
+        k.removeprefix("cpu stage: "): (b[k] - a.get(k, 0.0)) / span
+        for k in b
+        if k.startswith("cpu stage: ")
+    }
+    gil_wait = "cpu stage waits for the GIL"
+    if gil_wait in b:
+        phases["waits for the GIL"] = (b[gil_wait] - a.get(gil_wait, 0.0)) / span
+        phases["host work"] -= phases["waits for the GIL"]
+    busy["stage thread"] = sum(phases.values())
+    bound = max(busy, key=lambda k: busy[k])
+    if bound == "stage thread" or busy[bound] < BOUND_SHARE:
+        busiest = {k: v for k, v in busy.items() if k != "stage thread"}
+        top = max(busiest, key=lambda k: busiest[k])
+        if busiest[top] >= BOUND_SHARE:
+            bound = top
+        elif phases:
+            bound = "stage thread: " + max(phases, key=lambda k: phases[k])
+    idle_ms = (1 - busy["JPEG engines"]) * span / row.steps * 1e3
+    return Result(
+        row,
+        images_per_s,
+        images_per_s / dm.ceiling(row.model),
+        busy,
+        bound,
+        idle_ms,
+        {
+            "loop CPU ms/step": (b["cpu loop"] - a["cpu loop"]) / row.steps * 1e3,
+            "stage thread": phases,
+        },
+    )

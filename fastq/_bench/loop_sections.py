@@ -1,16 +1,15 @@
 """The training-loop sections of `python -m fastq bench`: `--case train`
 (a real training loop fed by each loader) and `--case gpu-model` (the GPU
-loop on the model of its timeline), each planned onto a session."""
+loop, simulated), each planned onto a session."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
 
-from . import decode_model, gpu_timeline, procstat, train
+from . import gpu_model_case, gpu_timeline, procstat, train
 from .session import Session
 
 
@@ -72,32 +71,32 @@ def add_gpu_model(
     counts: list[int],
     text: list[str],
 ) -> None:
-    """Plans `--case gpu-model`; skips it, saying why, without torch."""
-    if importlib.util.find_spec("torch") is None:
-        plan.append(
-            ("gpu-model", lambda s: s.skipped.add("gpu-model: torch is not installed"))
-        )
-        counts.append(0)
-        return
-    configs = gpu_timeline.plan(tuple(gpu_timeline.SHAPES))
-    repeats = max(1, int(args.repeat))
+    """Plans `--case gpu-model`: the simulated rows at each --engine-rate
+    (simulated time: seconds on any machine, whatever its load)."""
+    rows = gpu_model_case.plan(gpu_model_case.engine_rates(args))
 
     def model_runs(session: Session) -> None:
-        def progress(r: gpu_timeline.Run) -> None:
+        results = []
+        for row in rows:
+            r = gpu_timeline.simulate(row)
+            results.append(r)
             session.done += 1
+            rate = "" if row.engine_rate is None else f" at {row.engine_rate:,.0f}/s"
             print(
-                f"[{session.done:3}/{session.total}] gpu-model "
-                f"{gpu_timeline.describe(r)}",
+                f"[{session.done:3}/{session.total}] gpu-model {row.model} "
+                f"{row.name}{rate}: {r.images_per_s:,.0f} img/s, "
+                f"{r.of_ceiling:.2f} of the ceiling, bound by {r.bound_by}",
                 file=sys.stderr,
                 flush=True,
             )
             session.records.append({"section": "gpu-model", **asdict(r)})
-
-        runs = gpu_timeline.run_all(configs, repeats, progress)
-        text.append(gpu_timeline.intro(repeats) + "\n")
-        text.append(gpu_timeline.table(runs) + "\n")
-        text.append(decode_model.intro() + "\n")
-        text.append(decode_model.table() + "\n")
+        text.append(gpu_model_case.intro() + "\n")
+        text.append(gpu_model_case.table(results) + "\n")
+        text.append(
+            "Calibration, today's loaders input-bound on the H200: "
+            + "; ".join(gpu_model_case.calibration(results))
+            + "\n"
+        )
 
     plan.append(("gpu-model", model_runs))
-    counts.append(len(configs) * repeats)
+    counts.append(len(rows))

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 
-from . import cases, procstat, report, torch_startup, train
+from . import cases, gpu_model_case, procstat, report, torch_startup, train
 from .loop_sections import add_gpu_model, add_train
 from .measure import Budget, Options, Result
 from .session import Session
@@ -128,10 +128,10 @@ def _parser() -> argparse.ArgumentParser:
         "training loop (JPEG decoding and augmentation in the workers, an SGD "
         "step) fed by torch's DataLoader, fastq.torch.DataLoader and "
         "TorchPrefetcher, beside the step on one batch reused (see the train "
-        "options; on the CPU well under a minute); gpu-model = the GPU "
-        "training loop with pin_memory=True on a model of the GPU's timeline "
-        "(fastq/_bench/gpu_model.py), ResNet-50 and ResNet-18 step shapes, 15 "
-        "workers at a set rate, on any machine (about 2 minutes a --repeat)",
+        "options; on the CPU well under a minute); gpu-model = an H200's "
+        "ResNet-18 loop, simulated (fastq/_bench/gpu_model_case.py): today's "
+        "loaders and the GPU-decode rows at each --engine-rate, on any "
+        "machine, in seconds",
     )
     p.add_argument(
         "--all",
@@ -165,6 +165,7 @@ def _parser() -> argparse.ArgumentParser:
         "include whatever earlier cases imported)",
     )
     train.add_options(p)
+    gpu_model_case.add_options(p)
     p.add_argument("--json", metavar="FILE", help="write every result as JSON")
     p.add_argument(
         "--plot",
